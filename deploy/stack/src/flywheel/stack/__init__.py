@@ -1,0 +1,1 @@
+"""Flywheel stack: run the infrastructure servers (NATS, PostgreSQL, S3) locally."""

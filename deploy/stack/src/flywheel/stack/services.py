@@ -1,0 +1,136 @@
+"""Flywheel services as child processes: migrate, start, wait for SERVING, stop by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from flywheel.stack.servers import free_port
+
+SERVICES = ("optimizer", "trace_store", "evaluator", "reward_judge", "society", "trainer")
+# Services that own tables, in the order their migrations run.
+MIGRATED = ("optimizer", "trace_store")
+
+
+def env_prefix(service: str) -> str:
+    return f"FLYWHEEL_{service.upper()}_"
+
+
+def migrate(service: str, env: dict[str, str]) -> None:
+    """Run ``python -m flywheel.<service> migrate``; raise with its output if it fails."""
+    result = subprocess.run([sys.executable, "-m", f"flywheel.{service}", "migrate"],
+                            env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"migrating {service} failed:\n{result.stdout}\n{result.stderr}")
+
+
+def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> str:
+    """The gRPC health status name of ``service`` at ``address`` ("UNREACHABLE" if down)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.RpcError:
+            return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+class ServiceProcess:
+    """One service process with its own gRPC and metrics ports and log file."""
+
+    def __init__(self, name: str, *, env: dict[str, str], log_dir: Path,
+                 grpc_port: int | None = None, metrics_port: int | None = None) -> None:
+        if name not in SERVICES:
+            raise ValueError(f"unknown service {name!r}; one of {SERVICES}")
+        self.name = name
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.log_file = log_dir / f"{name}.log"
+        self.pid_file = log_dir / f"{name}.pid"
+        prefix = env_prefix(name)
+        self.env = {**env, f"{prefix}GRPC_HOST": "127.0.0.1", f"{prefix}GRPC_PORT": str(self.grpc_port),
+                    f"{prefix}METRICS_PORT": str(self.metrics_port)}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def pid(self) -> int | None:
+        if self._proc is not None:
+            return self._proc.pid
+        try:
+            return int(self.pid_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def start(self) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", f"flywheel.{self.name}"], env={**os.environ, **self.env},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.pid_file.write_text(str(self._proc.pid))
+
+    def wait_serving(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self._proc.returncode}:\n{self.log_tail()}")
+            if health_status(self.address) == "SERVING":
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not SERVING after {timeout_s}s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM and wait; SIGKILL after the timeout. Returns the exit code if known."""
+        pid = self.pid
+        if pid is None:
+            return None
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            self.pid_file.unlink(missing_ok=True)
+            return None
+        code = self._wait(pid, timeout_s)
+        if code is None:
+            os.kill(pid, signal.SIGKILL)
+            code = self._wait(pid, 5.0)
+        self.pid_file.unlink(missing_ok=True)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL (a crash)."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            self._wait(self.pid, 5.0)
+
+    def _wait(self, pid: int, timeout_s: float) -> int | None:
+        if self._proc is not None:
+            try:
+                return self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return 0
+            time.sleep(0.05)
+        return None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"

@@ -1,0 +1,149 @@
+"""The local stack: real NATS (JetStream), PostgreSQL and S3 on free loopback ports with
+data under one folder, the services on top, and a state file so ``down`` in another
+process stops everything by pid. The test suite uses the same classes."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.stack.servers import NatsServer, PostgresServer, S3Server
+from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, migrate
+
+STATE_FILE = "stack.json"
+
+
+@dataclass
+class Servers:
+    """The three infrastructure servers (PostgreSQL absent when DATABASE_URL is given)."""
+
+    nats: NatsServer
+    s3: S3Server
+    postgres: PostgresServer | None
+    external_database_url: str | None = None
+
+    @classmethod
+    def create(cls, root: Path) -> Servers:
+        external = os.environ.get("DATABASE_URL")
+        return cls(
+            nats=NatsServer(root / "nats"),
+            s3=S3Server(root / "s3"),
+            postgres=None if external else PostgresServer(root / "postgres"),
+            external_database_url=external,
+        )
+
+    def all(self) -> list[NatsServer | S3Server | PostgresServer]:
+        return [s for s in (self.nats, self.postgres, self.s3) if s is not None]
+
+    def start(self) -> None:
+        for server in self.all():
+            server.start()
+
+    def stop(self) -> None:
+        for server in reversed(self.all()):
+            server.stop()
+
+    @property
+    def database_url(self) -> str:
+        if self.postgres is not None:
+            return self.postgres.async_url()
+        assert self.external_database_url
+        return self.external_database_url
+
+    def env(self, *, namespace: str = "flywheel", schema: str = "public",
+            bucket_prefix: str = "flywheel") -> dict[str, str]:
+        """The FLYWHEEL_* variables that point a service (or the SDK) at these servers."""
+        return {
+            "FLYWHEEL_NATS_URL": self.nats.url,
+            "FLYWHEEL_NATS_USER": self.nats.user,
+            "FLYWHEEL_NATS_PASSWORD": self.nats.password,
+            "FLYWHEEL_NATS_NAMESPACE": namespace,
+            "FLYWHEEL_DB_URL": self.database_url,
+            "FLYWHEEL_DB_SCHEMA": schema,
+            "FLYWHEEL_S3_ENDPOINT": self.s3.endpoint,
+            "FLYWHEEL_S3_ACCESS_KEY": self.s3.access_key,
+            "FLYWHEEL_S3_SECRET_KEY": self.s3.secret_key,
+            "FLYWHEEL_S3_BUCKET_PREFIX": bucket_prefix,
+            "FLYWHEEL_LOG_FORMAT": "json",
+        }
+
+    def to_state(self) -> dict[str, object]:
+        return {
+            "nats": self.nats.to_state(),
+            "s3": self.s3.to_state(),
+            "postgres": self.postgres.to_state() if self.postgres else None,
+            "external_database_url": self.external_database_url,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, object]) -> Servers:
+        pg = state.get("postgres")
+        return cls(
+            nats=NatsServer.from_state(state["nats"]),  # type: ignore[arg-type]
+            s3=S3Server.from_state(state["s3"]),  # type: ignore[arg-type]
+            postgres=PostgresServer.from_state(pg) if pg else None,  # type: ignore[arg-type]
+            external_database_url=state.get("external_database_url"),  # type: ignore[arg-type]
+        )
+
+
+class Stack:
+    """Servers plus services under one data folder."""
+
+    def __init__(self, root: Path, servers: Servers, services: dict[str, ServiceProcess]) -> None:
+        self.root = root
+        self.servers = servers
+        self.services = services
+
+    @classmethod
+    def create(cls, root: Path, *, services: tuple[str, ...] = SERVICES) -> Stack:
+        root.mkdir(parents=True, exist_ok=True)
+        servers = Servers.create(root)
+        env = servers.env()
+        procs = {name: ServiceProcess(name, env=env, log_dir=root / "services") for name in services}
+        return cls(root, servers, procs)
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / STATE_FILE
+
+    def up(self, *, timeout_s: float = 60.0) -> None:
+        """Start servers, migrate, start services and wait until each is SERVING."""
+        self.servers.start()
+        self.save()
+        env = self.servers.env()
+        for name in MIGRATED:
+            if name in self.services:
+                migrate(name, env)
+        for proc in self.services.values():
+            proc.start()
+        self.save()
+        for proc in self.services.values():
+            proc.wait_serving(timeout_s)
+
+    def down(self) -> None:
+        """Stop services (SIGTERM, drain) then servers; remove the state file."""
+        for proc in self.services.values():
+            proc.stop()
+        self.servers.stop()
+        self.state_file.unlink(missing_ok=True)
+
+    def save(self) -> None:
+        state = {
+            "servers": self.servers.to_state(),
+            "services": {n: {"grpc_port": p.grpc_port, "metrics_port": p.metrics_port}
+                         for n, p in self.services.items()},
+        }
+        self.state_file.write_text(json.dumps(state, indent=2))
+        self.state_file.chmod(0o600)  # it holds the generated passwords
+
+    @classmethod
+    def load(cls, root: Path) -> Stack:
+        """Reattach to a stack started by another process (for ``down`` and ``status``)."""
+        state = json.loads((root / STATE_FILE).read_text())
+        servers = Servers.from_state(state["servers"])
+        env = servers.env()
+        procs = {n: ServiceProcess(n, env=env, log_dir=root / "services", grpc_port=s["grpc_port"],
+                                   metrics_port=s["metrics_port"]) for n, s in state["services"].items()}
+        return cls(root, servers, procs)

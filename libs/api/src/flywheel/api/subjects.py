@@ -1,0 +1,163 @@
+"""The one list of subjects, streams and durable consumers (a wire contract, like the
+protos, so it lives here where products and services both import it).
+
+Every subject is ``<namespace>.<area>.<event>[.<key>]``; the namespace defaults to
+``flywheel`` and tests use a fresh one each so they can share one NATS server.
+Retention follows the work: work queues for jobs and evaluation requests (each
+message handed to one worker, removed once acked) and limits for facts that several
+services read (decisions, feedback, traces, progress). docs/bus.md renders this table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class Retention(StrEnum):
+    LIMITS = "limits"
+    WORK_QUEUE = "workqueue"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A JetStream stream: its subjects (wildcards), retention and limits."""
+
+    name: str
+    subjects: tuple[str, ...]
+    retention: Retention
+    description: str
+    max_age: timedelta = timedelta(days=30)
+    # Window in which a repeated Nats-Msg-Id is dropped by the server.
+    duplicate_window: timedelta = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer on a stream."""
+
+    durable: str
+    stream: str
+    filter_subject: str
+    description: str
+    # Redelivery after this long without an ack (the handler died or hung).
+    ack_wait: timedelta = timedelta(seconds=30)
+    # After this many failed deliveries the message is dead-lettered.
+    max_deliver: int = 5
+    max_ack_pending: int = 10_000
+
+
+def subject_token(value: str, *, what: str) -> str:
+    """Check that a value can be one NATS subject token (no dots, spaces or wildcards)."""
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} must be 1-64 chars of [A-Za-z0-9_-]")
+    return value
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """Subjects, streams and consumers for one namespace."""
+
+    namespace: str = "flywheel"
+    streams: dict[str, StreamSpec] = field(init=False)
+    consumers: dict[str, ConsumerSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        ns = self.namespace
+        p = re.sub(r"[^A-Z0-9]", "_", ns.upper())
+        streams = [
+            StreamSpec(f"{p}_DECISIONS", (f"{ns}.optimizer.decision.>",), Retention.LIMITS,
+                       "Every Select decision, with the probability of the chosen arm."),
+            StreamSpec(f"{p}_FEEDBACK", (f"{ns}.product.feedback.>",), Retention.LIMITS,
+                       "Feedback products publish for decisions."),
+            StreamSpec(f"{p}_TRACES", (f"{ns}.product.traces.>",), Retention.LIMITS,
+                       "Span batches from products and Flywheel's own services."),
+            StreamSpec(f"{p}_EVALUATIONS", (f"{ns}.evaluator.request.>",), Retention.WORK_QUEUE,
+                       "Evaluation requests: one config on one test case; evaluators share it."),
+            StreamSpec(f"{p}_EVALUATION_RESULTS", (f"{ns}.evaluator.result.>",), Retention.LIMITS,
+                       "Outcomes of evaluation requests."),
+            StreamSpec(f"{p}_RUNS", (f"{ns}.optimizer.run.>",), Retention.LIMITS,
+                       "Batch run progress, one event per generation."),
+            StreamSpec(f"{p}_SOCIETY", (f"{ns}.society.>",), Retention.LIMITS,
+                       "Society proposals and synthetic dataset updates."),
+            StreamSpec(f"{p}_TRAINING_JOBS", (f"{ns}.trainer.job.>",), Retention.WORK_QUEUE,
+                       "Training jobs; GPU trainer pods scale on this queue's lag."),
+            StreamSpec(f"{p}_TRAINER_EVENTS", (f"{ns}.trainer.progress.>", f"{ns}.trainer.policy.>"),
+                       Retention.LIMITS, "Training progress and policy status changes."),
+            StreamSpec(f"{p}_DATASETS", (f"{ns}.traces.dataset.>",), Retention.LIMITS,
+                       "Datasets exported by the trace store."),
+            StreamSpec(f"{p}_DEADLETTER", (f"{ns}.deadletter.>",), Retention.LIMITS,
+                       "Messages a consumer could not process, with the reason.",
+                       max_age=timedelta(days=90)),
+        ]
+        s = {spec.name: spec for spec in streams}
+        consumers = [
+            ConsumerSpec("optimizer-feedback", f"{p}_FEEDBACK", f"{ns}.product.feedback.>",
+                         "Applies feedback to arm posteriors, once per event id."),
+            ConsumerSpec("trace-store-decisions", f"{p}_DECISIONS", f"{ns}.optimizer.decision.>",
+                         "Records decisions for joins and off-policy evaluation."),
+            ConsumerSpec("trace-store-feedback", f"{p}_FEEDBACK", f"{ns}.product.feedback.>",
+                         "Records feedback next to its decision."),
+            ConsumerSpec("trace-store-traces", f"{p}_TRACES", f"{ns}.product.traces.>",
+                         "Stores span batches."),
+            ConsumerSpec("evaluator-requests", f"{p}_EVALUATIONS", f"{ns}.evaluator.request.>",
+                         "Runs evaluation requests; replicas share this consumer.",
+                         ack_wait=timedelta(minutes=5)),
+            ConsumerSpec("optimizer-evaluation-results", f"{p}_EVALUATION_RESULTS",
+                         f"{ns}.evaluator.result.>", "Folds evaluation results into runs."),
+            ConsumerSpec("society-run-progress", f"{p}_RUNS", f"{ns}.optimizer.run.>",
+                         "Watches runs to propose candidates."),
+            ConsumerSpec("trainer-jobs", f"{p}_TRAINING_JOBS", f"{ns}.trainer.job.>",
+                         "Runs training jobs; one job per GPU pod at a time.",
+                         ack_wait=timedelta(minutes=30), max_ack_pending=1),
+        ]
+        object.__setattr__(self, "streams", s)
+        object.__setattr__(self, "consumers", {c.durable: c for c in consumers})
+
+    # Subjects, one method per event so a typo is an AttributeError, not a lost message.
+    def decision(self, endpoint: str) -> str:
+        return f"{self.namespace}.optimizer.decision.{subject_token(endpoint, what='endpoint')}"
+
+    def feedback(self, endpoint: str) -> str:
+        return f"{self.namespace}.product.feedback.{subject_token(endpoint, what='endpoint')}"
+
+    def traces(self, agent: str) -> str:
+        return f"{self.namespace}.product.traces.{subject_token(agent, what='agent')}"
+
+    def evaluation_request(self, run_id: str) -> str:
+        return f"{self.namespace}.evaluator.request.{subject_token(run_id, what='run_id')}"
+
+    def evaluation_result(self, run_id: str) -> str:
+        return f"{self.namespace}.evaluator.result.{subject_token(run_id, what='run_id')}"
+
+    def run_progress(self, run_id: str) -> str:
+        return f"{self.namespace}.optimizer.run.progress.{subject_token(run_id, what='run_id')}"
+
+    def society_proposal(self, run_id: str) -> str:
+        return f"{self.namespace}.society.proposal.{subject_token(run_id, what='run_id')}"
+
+    def society_dataset(self, dataset: str) -> str:
+        return f"{self.namespace}.society.dataset.{subject_token(dataset, what='dataset')}"
+
+    def training_job(self, kind: str) -> str:
+        return f"{self.namespace}.trainer.job.{subject_token(kind, what='kind')}"
+
+    def training_progress(self, job_id: str) -> str:
+        return f"{self.namespace}.trainer.progress.{subject_token(job_id, what='job_id')}"
+
+    def policy_changed(self, name: str) -> str:
+        return f"{self.namespace}.trainer.policy.{subject_token(name, what='policy name')}"
+
+    def dataset_exported(self, kind: str) -> str:
+        return f"{self.namespace}.traces.dataset.{subject_token(kind, what='kind')}"
+
+    def dead_letter(self, durable: str) -> str:
+        """Dead letters are keyed by the consumer that rejected them."""
+        return f"{self.namespace}.deadletter.{subject_token(durable, what='consumer')}"
+
+    def consumer(self, durable: str) -> ConsumerSpec:
+        return self.consumers[durable]

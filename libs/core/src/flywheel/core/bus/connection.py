@@ -1,0 +1,102 @@
+"""Connecting to NATS from settings, and declaring streams and consumers idempotently."""
+
+from __future__ import annotations
+
+import ssl
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from flywheel.api.subjects import Catalogue, ConsumerSpec, Retention, StreamSpec
+from flywheel.core.logging import get_logger
+from flywheel.core.settings import NatsSettings
+
+log = get_logger(__name__)
+
+
+def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    if not (settings.tls_ca_file or settings.tls_cert_file or settings.url.startswith("tls://")):
+        return None
+    ctx = ssl.create_default_context(cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None)
+    if settings.tls_cert_file and settings.tls_key_file:
+        ctx.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
+    return ctx
+
+
+async def connect(settings: NatsSettings, *, name: str) -> Client:
+    """Connect with credentials/TLS from settings; reconnect forever once connected."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats error", error=str(exc))
+
+    async def on_disconnect() -> None:
+        log.warning("nats disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected")
+
+    return await nats.connect(
+        servers=[settings.url],
+        name=name,
+        user=settings.user,
+        password=settings.password.get_secret_value() if settings.password else None,
+        user_credentials=str(settings.creds_file) if settings.creds_file else None,
+        tls=_tls_context(settings),
+        connect_timeout=settings.connect_timeout_s,
+        # A service outlives NATS restarts: keep trying, readiness reports the outage.
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        allow_reconnect=True,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+    )
+
+
+def _stream_config(spec: StreamSpec) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        description=spec.description,
+        retention=RetentionPolicy.WORK_QUEUE if spec.retention is Retention.WORK_QUEUE else RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=spec.max_age.total_seconds(),
+        duplicate_window=spec.duplicate_window.total_seconds(),
+    )
+
+
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> None:
+    """Create the stream, or update its mutable settings if it exists."""
+    config = _stream_config(spec)
+    try:
+        await js.stream_info(spec.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    await js.update_stream(config)
+
+
+async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Create the durable pull consumer (add_consumer is idempotent for equal configs)."""
+    await js.add_consumer(
+        spec.stream,
+        ConsumerConfig(
+            durable_name=spec.durable,
+            description=spec.description,
+            filter_subject=spec.filter_subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=spec.ack_wait.total_seconds(),
+            max_deliver=spec.max_deliver,
+            max_ack_pending=spec.max_ack_pending,
+        ),
+    )
+
+
+async def ensure_topology(js: JetStreamContext, catalogue: Catalogue) -> None:
+    """Declare every stream of the catalogue (consumers are declared by their owners)."""
+    for spec in catalogue.streams.values():
+        await ensure_stream(js, spec)

@@ -1,0 +1,88 @@
+"""LLM calls through LiteLLM, with timeouts, retries and cost accounting.
+
+LiteLLM is an optional extra (``flywheel-core[llm]``): only services that call models
+install it. It is imported lazily, after forcing offline mode for its cost map."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class LlmSettings(BaseSettings):
+    """Default model and limits for a service's LLM calls."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_LLM_", extra="ignore")
+
+    model: str = "openai/local"
+    # OpenAI-compatible base URL (the local model server, vLLM, a proxy…).
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = 30.0
+    max_retries: int = 2
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One chat completion with what it cost."""
+
+    text: str
+    model: str
+    latency_ms: float
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+class LlmClient:
+    """Chat completions with the service's defaults; every call is bounded in time."""
+
+    def __init__(self, settings: LlmSettings) -> None:
+        self._settings = settings
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm  # heavy; only services that call models pay for it
+
+        litellm.telemetry = False
+        self._litellm = litellm
+
+    async def complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int | None = None,
+        response_format: dict[str, Any] | None = None,
+    ) -> Completion:
+        """Call the model; raises after ``max_retries`` failed attempts or the timeout."""
+        s = self._settings
+        started = time.perf_counter()
+        resp = await self._litellm.acompletion(
+            model=model or s.model,
+            messages=messages,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            response_format=response_format,
+            api_base=s.api_base,
+            api_key=s.api_key.get_secret_value() if s.api_key else None,
+            timeout=s.timeout_s,
+            num_retries=s.max_retries,
+        )
+        usage = getattr(resp, "usage", None)
+        try:
+            cost = float(self._litellm.completion_cost(completion_response=resp))
+        except Exception:  # noqa: BLE001 - unknown (local) models have no price
+            cost = 0.0
+        return Completion(
+            text=resp.choices[0].message.content or "",
+            model=str(resp.model),
+            latency_ms=(time.perf_counter() - started) * 1000,
+            input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cost_usd=cost,
+        )

@@ -1,0 +1,22 @@
+"""Prometheus metrics shared by every service, and the /metrics HTTP server."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+RPC_TOTAL = Counter("flywheel_grpc_requests_total", "gRPC requests handled", ["method", "code"])
+RPC_SECONDS = Histogram(
+    "flywheel_grpc_request_seconds", "gRPC request latency", ["method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+EVENTS_TOTAL = Counter(
+    "flywheel_events_total", "Events consumed, by outcome (ack, deadletter, retry)", ["consumer", "outcome"]
+)
+EVENT_SECONDS = Histogram("flywheel_event_seconds", "Event handling latency", ["consumer"])
+READY = Gauge("flywheel_dependency_ready", "1 when the dependency answered its last check", ["dependency"])
+
+
+def serve_metrics(host: str, port: int) -> None:
+    """Expose /metrics on host:port in a daemon thread (port 0 disables)."""
+    if port:
+        start_http_server(port, addr=host)

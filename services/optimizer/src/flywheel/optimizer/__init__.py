@@ -1,0 +1,1 @@
+"""Flywheel optimizer: endpoints and arms, Thompson-sampling selection, feedback."""

@@ -1,0 +1,1 @@
+"""Flywheel reward judge: rubrics, LLM-as-judge, heuristic fallback, aggregation, learned rewards."""

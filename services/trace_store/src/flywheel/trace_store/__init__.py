@@ -1,0 +1,1 @@
+"""Flywheel trace store: traces, decisions and feedback in; queries and datasets out."""

@@ -1,0 +1,15 @@
+"""Trace store settings (env prefix ``FLYWHEEL_TRACE_STORE_``)."""
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from flywheel.core.settings import DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
+
+
+class TraceStoreSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_TRACE_STORE_", extra="ignore")
+
+    grpc_port: int = Field(50054, ge=0, le=65535)
+    nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
+    db: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
+    s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]

@@ -1,0 +1,38 @@
+"""Small helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from google.protobuf.struct_pb2 import Struct
+
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
+from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
+
+T = TypeVar("T")
+
+
+def three_arm_endpoint(name: str) -> admin_pb.CreateEndpointRequest:
+    arms = []
+    for arm_id, model, temperature in (("small", "gpt-4o-mini", 0.2), ("large", "gpt-4o", 0.2),
+                                       ("creative", "gpt-4o", 0.9)):
+        params = Struct()
+        params.update({"model": model, "temperature": temperature})
+        arms.append(ep_pb.Arm(arm_id=arm_id, params=params))
+    return admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name=name, arms=arms))
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], *,
+                     timeout_s: float = 10.0, interval_s: float = 0.1) -> T:
+    """Poll ``probe`` until ``check`` accepts its value; fail with the last value seen."""
+    deadline = time.monotonic() + timeout_s
+    value = await probe()
+    while not check(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s; last value: {value!r}")
+        await asyncio.sleep(interval_s)
+        value = await probe()
+    return value
