@@ -72,7 +72,7 @@ class FlywheelClient:
 
     async def close(self) -> None:
         if self._nc is not None:
-            await self._nc.drain()
+            await self._nc.close()  # every publish was already acked by JetStream
         await self._channel.close()
 
     async def select(self, endpoint: str, *, user_id: str = "", context: dict[str, Any] | None = None,

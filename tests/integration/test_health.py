@@ -1,0 +1,79 @@
+"""Readiness over gRPC health: each service is SERVING while the servers it depends on
+answer, NOT_SERVING while one of them is down, and SERVING again once it is back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, env_prefix, health_status, migrate
+from flywheel.stack.stack import Servers
+
+pytestmark = pytest.mark.integration
+
+DEPENDS_ON = {
+    "optimizer": {"nats", "postgres", "s3"},
+    "trace_store": {"nats", "postgres", "s3"},
+    "evaluator": {"nats"},
+    "reward_judge": {"postgres", "s3"},
+    "society": {"nats"},
+    "trainer": {"nats", "postgres", "s3"},
+}
+
+
+@pytest.fixture(scope="module")
+def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Servers, dict[str, ServiceProcess]]]:
+    """Servers of this module's own (the test stops them) and all six services on them."""
+    root: Path = tmp_path_factory.mktemp("health")
+    servers = Servers.create(root)
+    servers.start()
+    env = servers.env()
+    for name in MIGRATED:
+        migrate(name, env)
+    procs = {}
+    try:
+        for name in SERVICES:
+            proc = ServiceProcess(name, env={**env, f"{env_prefix(name)}READINESS_INTERVAL_S": "0.3"},
+                                  log_dir=root / "services")
+            proc.start()
+            procs[name] = proc
+        for proc in procs.values():
+            proc.wait_serving()
+        yield servers, procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+        servers.stop()
+
+
+def statuses(procs: dict[str, ServiceProcess]) -> dict[str, str]:
+    return {name: health_status(proc.address) for name, proc in procs.items()}
+
+
+def wait_for_statuses(procs: dict[str, ServiceProcess], expected: dict[str, str], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    seen = statuses(procs)
+    while seen != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        seen = statuses(procs)
+    assert seen == expected
+
+
+@pytest.mark.parametrize("dependency", ["nats", "postgres", "s3"])
+def test_not_serving_while_a_dependency_is_down(private_stack, dependency):
+    servers, procs = private_stack
+    server = {"nats": servers.nats, "postgres": servers.postgres, "s3": servers.s3}[dependency]
+    assert server is not None
+    wait_for_statuses(procs, dict.fromkeys(procs, "SERVING"))
+
+    server.kill()
+    try:
+        wait_for_statuses(procs, {n: "NOT_SERVING" if dependency in DEPENDS_ON[n] else "SERVING" for n in procs})
+    finally:
+        server.start()
+    wait_for_statuses(procs, dict.fromkeys(procs, "SERVING"), timeout_s=30.0)
+    # Per-service health names follow the server-wide status.
+    assert health_status(procs["optimizer"].address, "flywheel.api.optimizer.v1.SelectionService") == "SERVING"
