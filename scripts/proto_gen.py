@@ -33,12 +33,17 @@ def generate(out_root: Path) -> None:
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     bin_dir = Path(sys.executable).parent
     cmd = [
-        sys.executable, "-m", "grpc_tools.protoc",
-        f"-I{PROTO_ROOT}", f"-I{well_known}",
-        f"--python_out={out_root}", f"--grpc_python_out={out_root}",
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{well_known}",
+        f"--python_out={out_root}",
+        f"--grpc_python_out={out_root}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
-        f"--mypy_out={out_root}", f"--mypy_grpc_out={out_root}",
+        f"--mypy_out={out_root}",
+        f"--mypy_grpc_out={out_root}",
         *protos,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True)

@@ -17,16 +17,20 @@ T = TypeVar("T")
 
 def three_arm_endpoint(name: str) -> admin_pb.CreateEndpointRequest:
     arms = []
-    for arm_id, model, temperature in (("small", "gpt-4o-mini", 0.2), ("large", "gpt-4o", 0.2),
-                                       ("creative", "gpt-4o", 0.9)):
+    for arm_id, model, temperature in (
+        ("small", "gpt-4o-mini", 0.2),
+        ("large", "gpt-4o", 0.2),
+        ("creative", "gpt-4o", 0.9),
+    ):
         params = Struct()
         params.update({"model": model, "temperature": temperature})
         arms.append(ep_pb.Arm(arm_id=arm_id, params=params))
     return admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name=name, arms=arms))
 
 
-async def eventually(probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], *,
-                     timeout_s: float = 10.0, interval_s: float = 0.1) -> T:
+async def eventually(
+    probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], *, timeout_s: float = 10.0, interval_s: float = 0.1
+) -> T:
     """Poll ``probe`` until ``check`` accepts its value; fail with the last value seen."""
     deadline = time.monotonic() + timeout_s
     value = await probe()

@@ -58,7 +58,8 @@ async def test_bad_feedback_is_dead_lettered_with_reason_and_good_feedback_still
 
         assert await eventually(pulls, lambda n: n == 1) == 1
 
-    dead = await js.pull_subscribe(catalogue.dead_letter("optimizer-feedback"), stream=f"{isolation['namespace'].upper()}_DEADLETTER")
+    dead_stream = f"{isolation['namespace'].upper()}_DEADLETTER"
+    dead = await js.pull_subscribe(catalogue.dead_letter("optimizer-feedback"), stream=dead_stream)
     letters: list[DeadLetter] = []
     while len(letters) < len(bad):
         for msg in await dead.fetch(len(bad), timeout=10):

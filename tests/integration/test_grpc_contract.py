@@ -21,8 +21,11 @@ from .helpers import three_arm_endpoint
 
 pytestmark = pytest.mark.integration
 
-INVALID, NOT_FOUND, EXISTS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                              grpc.StatusCode.ALREADY_EXISTS)
+INVALID, NOT_FOUND, EXISTS = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+)
 
 
 async def expect(call, code: grpc.StatusCode, words: str) -> None:
@@ -45,18 +48,32 @@ async def test_bad_requests_get_clear_errors(launch):
         await expect(sel.SelectBatch(sel_pb.SelectBatchRequest()), INVALID, "at least one request")
         await expect(admin.CreateEndpoint(three_arm_endpoint("bot")), EXISTS, "already exists")
         await expect(admin.CreateEndpoint(three_arm_endpoint("has.dot")), INVALID, "[A-Za-z0-9_-]")
-        await expect(admin.CreateEndpoint(admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name="empty"))),
-                     INVALID, "at least one arm")
-        await expect(admin.AddArm(admin_pb.AddArmRequest(endpoint="bot", arm=ep_pb.Arm(arm_id="small"))),
-                     EXISTS, "already exists")
-        await expect(admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="ghost")),
-                     NOT_FOUND, "'ghost' does not exist")
-        await expect(sel.Update(sel_pb.UpdateRequest(decision_id=decision.decision_id, reward=math.nan,
-                                                     feedback_id="f1")), INVALID, "finite")
-        await expect(sel.Update(sel_pb.UpdateRequest(decision_id="ghost", reward=1.0, feedback_id="f2")),
-                     NOT_FOUND, "unknown")
-        await expect(sel.Update(sel_pb.UpdateRequest(decision_id=decision.decision_id, feedback_id="f3")),
-                     INVALID, "no reward")
+        await expect(
+            admin.CreateEndpoint(admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name="empty"))),
+            INVALID,
+            "at least one arm",
+        )
+        await expect(
+            admin.AddArm(admin_pb.AddArmRequest(endpoint="bot", arm=ep_pb.Arm(arm_id="small"))),
+            EXISTS,
+            "already exists",
+        )
+        await expect(
+            admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="ghost")),
+            NOT_FOUND,
+            "'ghost' does not exist",
+        )
+        await expect(
+            sel.Update(sel_pb.UpdateRequest(decision_id=decision.decision_id, reward=math.nan, feedback_id="f1")),
+            INVALID,
+            "finite",
+        )
+        await expect(
+            sel.Update(sel_pb.UpdateRequest(decision_id="ghost", reward=1.0, feedback_id="f2")), NOT_FOUND, "unknown"
+        )
+        await expect(
+            sel.Update(sel_pb.UpdateRequest(decision_id=decision.decision_id, feedback_id="f3")), INVALID, "no reward"
+        )
 
         # Update is idempotent on feedback_id.
         first = await sel.Update(sel_pb.UpdateRequest(decision_id=decision.decision_id, reward=0.25, feedback_id="ok"))
@@ -67,8 +84,11 @@ async def test_bad_requests_get_clear_errors(launch):
         # Retiring every arm but one works; the last one cannot go.
         await admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="small"))
         await admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="large"))
-        await expect(admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="creative")),
-                     INVALID, "last selectable arm")
+        await expect(
+            admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="creative")),
+            INVALID,
+            "last selectable arm",
+        )
         for _ in range(5):
             assert (await sel.Select(sel_pb.SelectRequest(endpoint="bot"))).arm_id == "creative"
 
@@ -77,12 +97,17 @@ async def test_bearer_token_is_required_except_for_health(launch):
     optimizer = launch("optimizer", env={"FLYWHEEL_OPTIMIZER_AUTH_TOKEN": "s3cret-token"})
     async with grpc.aio.insecure_channel(optimizer.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
-        await expect(admin.ListEndpoints(admin_pb.ListEndpointsRequest()), grpc.StatusCode.UNAUTHENTICATED,
-                     "bearer token")
-        await expect(admin.ListEndpoints(admin_pb.ListEndpointsRequest(), metadata=(("authorization", "Bearer no"),)),
-                     grpc.StatusCode.UNAUTHENTICATED, "bearer token")
-        listed = await admin.ListEndpoints(admin_pb.ListEndpointsRequest(),
-                                           metadata=(("authorization", "Bearer s3cret-token"),))
+        await expect(
+            admin.ListEndpoints(admin_pb.ListEndpointsRequest()), grpc.StatusCode.UNAUTHENTICATED, "bearer token"
+        )
+        await expect(
+            admin.ListEndpoints(admin_pb.ListEndpointsRequest(), metadata=(("authorization", "Bearer no"),)),
+            grpc.StatusCode.UNAUTHENTICATED,
+            "bearer token",
+        )
+        listed = await admin.ListEndpoints(
+            admin_pb.ListEndpointsRequest(), metadata=(("authorization", "Bearer s3cret-token"),)
+        )
         assert list(listed.endpoints) == []
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -97,5 +122,8 @@ async def test_reflection_lists_the_services(launch):
         names = set()
         async for resp in responses:
             names |= {s.name for s in resp.list_services_response.service}
-    assert {"flywheel.api.optimizer.v1.SelectionService", "flywheel.api.optimizer.v1.EndpointAdminService",
-            "grpc.health.v1.Health"} <= names
+    assert {
+        "flywheel.api.optimizer.v1.SelectionService",
+        "flywheel.api.optimizer.v1.EndpointAdminService",
+        "grpc.health.v1.Health",
+    } <= names

@@ -36,8 +36,9 @@ def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Se
     procs = {}
     try:
         for name in SERVICES:
-            proc = ServiceProcess(name, env={**env, f"{env_prefix(name)}READINESS_INTERVAL_S": "0.3"},
-                                  log_dir=root / "services")
+            proc = ServiceProcess(
+                name, env={**env, f"{env_prefix(name)}READINESS_INTERVAL_S": "0.3"}, log_dir=root / "services"
+            )
             proc.start()
             procs[name] = proc
         for proc in procs.values():

@@ -1,9 +1,9 @@
 """``flywheel-stack up|down|status|env``: the local stack on loopback.
 
-    flywheel-stack up        # NATS, PostgreSQL, S3 and all six services; returns when SERVING
-    flywheel-stack status    # health of each service
-    flywheel-stack env       # export lines to point the SDK or a service at the stack
-    flywheel-stack down      # stop everything by pid
+flywheel-stack up        # NATS, PostgreSQL, S3 and all six services; returns when SERVING
+flywheel-stack status    # health of each service
+flywheel-stack env       # export lines to point the SDK or a service at the stack
+flywheel-stack down      # stop everything by pid
 """
 
 from __future__ import annotations

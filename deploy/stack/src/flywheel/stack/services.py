@@ -25,8 +25,13 @@ def env_prefix(service: str) -> str:
 
 def migrate(service: str, env: dict[str, str]) -> None:
     """Run ``python -m flywheel.<service> migrate``; raise with its output if it fails."""
-    result = subprocess.run([sys.executable, "-m", f"flywheel.{service}", "migrate"],
-                            env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", f"flywheel.{service}", "migrate"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"migrating {service} failed:\n{result.stdout}\n{result.stderr}")
 
@@ -36,7 +41,8 @@ def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> st
     with grpc.insecure_channel(address) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.RpcError:
             return "UNREACHABLE"
     return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
@@ -45,8 +51,15 @@ def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> st
 class ServiceProcess:
     """One service process with its own gRPC and metrics ports and log file."""
 
-    def __init__(self, name: str, *, env: dict[str, str], log_dir: Path,
-                 grpc_port: int | None = None, metrics_port: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        env: dict[str, str],
+        log_dir: Path,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
         if name not in SERVICES:
             raise ValueError(f"unknown service {name!r}; one of {SERVICES}")
         self.name = name
@@ -55,8 +68,12 @@ class ServiceProcess:
         self.log_file = log_dir / f"{name}.log"
         self.pid_file = log_dir / f"{name}.pid"
         prefix = env_prefix(name)
-        self.env = {**env, f"{prefix}GRPC_HOST": "127.0.0.1", f"{prefix}GRPC_PORT": str(self.grpc_port),
-                    f"{prefix}METRICS_PORT": str(self.metrics_port)}
+        self.env = {
+            **env,
+            f"{prefix}GRPC_HOST": "127.0.0.1",
+            f"{prefix}GRPC_PORT": str(self.grpc_port),
+            f"{prefix}METRICS_PORT": str(self.metrics_port),
+        }
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -76,8 +93,11 @@ class ServiceProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", f"flywheel.{self.name}"], env={**os.environ, **self.env},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", f"flywheel.{self.name}"],
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.pid_file.write_text(str(self._proc.pid))
 

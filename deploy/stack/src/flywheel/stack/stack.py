@@ -52,8 +52,9 @@ class Servers:
         assert self.external_database_url
         return self.external_database_url
 
-    def env(self, *, namespace: str = "flywheel", schema: str = "public",
-            bucket_prefix: str = "flywheel") -> dict[str, str]:
+    def env(
+        self, *, namespace: str = "flywheel", schema: str = "public", bucket_prefix: str = "flywheel"
+    ) -> dict[str, str]:
         """The FLYWHEEL_* variables that point a service (or the SDK) at these servers."""
         return {
             "FLYWHEEL_NATS_URL": self.nats.url,
@@ -132,8 +133,9 @@ class Stack:
     def save(self) -> None:
         state = {
             "servers": self.servers.to_state(),
-            "services": {n: {"grpc_port": p.grpc_port, "metrics_port": p.metrics_port}
-                         for n, p in self.services.items()},
+            "services": {
+                n: {"grpc_port": p.grpc_port, "metrics_port": p.metrics_port} for n, p in self.services.items()
+            },
         }
         self.state_file.write_text(json.dumps(state, indent=2))
         self.state_file.chmod(0o600)  # it holds the generated passwords
@@ -144,6 +146,10 @@ class Stack:
         state = json.loads((root / STATE_FILE).read_text())
         servers = Servers.from_state(state["servers"])
         env = servers.env()
-        procs = {n: ServiceProcess(n, env=env, log_dir=root / "services", grpc_port=s["grpc_port"],
-                                   metrics_port=s["metrics_port"]) for n, s in state["services"].items()}
+        procs = {
+            n: ServiceProcess(
+                n, env=env, log_dir=root / "services", grpc_port=s["grpc_port"], metrics_port=s["metrics_port"]
+            )
+            for n, s in state["services"].items()
+        }
         return cls(root, servers, procs)

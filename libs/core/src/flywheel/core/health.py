@@ -50,8 +50,13 @@ def s3_dependency(store: ObjectStore, *, timeout_s: float = 2.0) -> Dependency:
 class Readiness:
     """Runs the dependency checks on an interval and mirrors them into gRPC health."""
 
-    def __init__(self, servicer: health.aio.HealthServicer, service_names: list[str],
-                 dependencies: list[Dependency], interval_s: float) -> None:
+    def __init__(
+        self,
+        servicer: health.aio.HealthServicer,
+        service_names: list[str],
+        dependencies: list[Dependency],
+        interval_s: float,
+    ) -> None:
         self._servicer = servicer
         self._names = ["", *service_names]  # "" is the server as a whole
         self._deps = dependencies

@@ -40,8 +40,9 @@ class ServiceParts:
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
-async def serve(settings: ServiceSettings, *, name: str, parts: ServiceParts,
-                stop: asyncio.Event | None = None) -> None:
+async def serve(
+    settings: ServiceSettings, *, name: str, parts: ServiceParts, stop: asyncio.Event | None = None
+) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -50,8 +51,9 @@ async def serve(settings: ServiceSettings, *, name: str, parts: ServiceParts,
     serve_metrics(settings.grpc_host, settings.metrics_port)
 
     server, health_servicer, port = build_server(settings, parts.servicers)
-    readiness = Readiness(health_servicer, [n for _, _, n in parts.servicers], parts.dependencies,
-                          settings.readiness_interval_s)
+    readiness = Readiness(
+        health_servicer, [n for _, _, n in parts.servicers], parts.dependencies, settings.readiness_interval_s
+    )
     await server.start()
     await readiness.start()
     for consumer in parts.consumers:

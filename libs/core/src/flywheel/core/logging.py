@@ -37,9 +37,7 @@ def configure_logging(*, service: str, level: str = "INFO", fmt: str = "auto") -
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer]
-        if json_output
-        else [*shared, renderer],
+        processors=[*shared, structlog.processors.format_exc_info, renderer] if json_output else [*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level]),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,

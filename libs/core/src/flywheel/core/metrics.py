@@ -6,7 +6,9 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RPC_TOTAL = Counter("flywheel_grpc_requests_total", "gRPC requests handled", ["method", "code"])
 RPC_SECONDS = Histogram(
-    "flywheel_grpc_request_seconds", "gRPC request latency", ["method"],
+    "flywheel_grpc_request_seconds",
+    "gRPC request latency",
+    ["method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 EVENTS_TOTAL = Counter(

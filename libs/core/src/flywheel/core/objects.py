@@ -48,8 +48,9 @@ class ObjectStore:
         await asyncio.to_thread(_ensure)
         return name
 
-    async def put_bytes(self, purpose: str, key: str, data: bytes, *,
-                        content_type: str = "application/octet-stream") -> str:
+    async def put_bytes(
+        self, purpose: str, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> str:
         """Store an object and return its ``s3://bucket/key`` URI."""
         bucket = self.bucket(purpose)
         await asyncio.to_thread(

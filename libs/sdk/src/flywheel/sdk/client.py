@@ -75,20 +75,39 @@ class FlywheelClient:
             await self._nc.close()  # every publish was already acked by JetStream
         await self._channel.close()
 
-    async def select(self, endpoint: str, *, user_id: str = "", context: dict[str, Any] | None = None,
-                     session_id: str = "", timeout_s: float = 2.0) -> Decision:
+    async def select(
+        self,
+        endpoint: str,
+        *,
+        user_id: str = "",
+        context: dict[str, Any] | None = None,
+        session_id: str = "",
+        timeout_s: float = 2.0,
+    ) -> Decision:
         """Ask which arm to use for this request."""
         ctx = Struct()
         ctx.update(context or {})
         resp = await self._selection.Select(
             sel_pb.SelectRequest(endpoint=endpoint, user_id=user_id, context=ctx, session_id=session_id),
-            timeout=timeout_s, metadata=self._metadata,
+            timeout=timeout_s,
+            metadata=self._metadata,
         )
-        return Decision(decision_id=resp.decision_id, endpoint=endpoint, arm_id=resp.arm_id,
-                        params=json_format.MessageToDict(resp.params), probability=resp.probability)
+        return Decision(
+            decision_id=resp.decision_id,
+            endpoint=endpoint,
+            arm_id=resp.arm_id,
+            params=json_format.MessageToDict(resp.params),
+            probability=resp.probability,
+        )
 
-    async def feedback(self, decision: Decision, *, reward: float | None = None,
-                       signals: dict[str, float] | None = None, event_id: str | None = None) -> str:
+    async def feedback(
+        self,
+        decision: Decision,
+        *,
+        reward: float | None = None,
+        signals: dict[str, float] | None = None,
+        event_id: str | None = None,
+    ) -> str:
         """Publish feedback for a decision on NATS; returns the event id once JetStream stored it."""
         if reward is None and not signals:
             raise ValueError("give a reward or at least one signal")
@@ -99,24 +118,35 @@ class FlywheelClient:
         if self._nc is None:
             self._nc = await nats.connect(**self._nats_args)
         event_id = event_id or uuid.uuid4().hex
-        event = FeedbackEvent(meta=EventMeta(event_id=event_id, source=self._source),
-                              decision_id=decision.decision_id, endpoint=decision.endpoint,
-                              signals=signals or {})
+        event = FeedbackEvent(
+            meta=EventMeta(event_id=event_id, source=self._source),
+            decision_id=decision.decision_id,
+            endpoint=decision.endpoint,
+            signals=signals or {},
+        )
         event.meta.time.GetCurrentTime()
         if reward is not None:
             event.reward = reward
         await self._nc.jetstream().publish(
-            self._catalogue.feedback(decision.endpoint), event.SerializeToString(),
+            self._catalogue.feedback(decision.endpoint),
+            event.SerializeToString(),
             headers={"Content-Type": "application/protobuf", "Nats-Msg-Id": event_id},
         )
         return event_id
 
-    async def update(self, decision: Decision, *, reward: float | None = None,
-                     signals: dict[str, float] | None = None, feedback_id: str | None = None,
-                     timeout_s: float = 2.0) -> sel_pb.UpdateResponse:
+    async def update(
+        self,
+        decision: Decision,
+        *,
+        reward: float | None = None,
+        signals: dict[str, float] | None = None,
+        feedback_id: str | None = None,
+        timeout_s: float = 2.0,
+    ) -> sel_pb.UpdateResponse:
         """Report feedback over gRPC (for products without NATS)."""
-        request = sel_pb.UpdateRequest(decision_id=decision.decision_id, signals=signals or {},
-                                       feedback_id=feedback_id or uuid.uuid4().hex)
+        request = sel_pb.UpdateRequest(
+            decision_id=decision.decision_id, signals=signals or {}, feedback_id=feedback_id or uuid.uuid4().hex
+        )
         if reward is not None:
             request.reward = reward
         return await self._selection.Update(request, timeout=timeout_s, metadata=self._metadata)

@@ -30,15 +30,26 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     window = timedelta(seconds=settings.feedback_window_s)
     decisions = DecisionPublisher(bus.publisher, bus.catalogue)
     parts.servicers += [
-        (sel_grpc.add_SelectionServiceServicer_to_server, SelectionServicer(database.sessions, decisions, window),
-         sel_pb.DESCRIPTOR.services_by_name["SelectionService"].full_name),
-        (admin_grpc.add_EndpointAdminServiceServicer_to_server, EndpointAdminServicer(database.sessions),
-         admin_pb.DESCRIPTOR.services_by_name["EndpointAdminService"].full_name),
+        (
+            sel_grpc.add_SelectionServiceServicer_to_server,
+            SelectionServicer(database.sessions, decisions, window),
+            sel_pb.DESCRIPTOR.services_by_name["SelectionService"].full_name,
+        ),
+        (
+            admin_grpc.add_EndpointAdminServiceServicer_to_server,
+            EndpointAdminServicer(database.sessions),
+            admin_pb.DESCRIPTOR.services_by_name["EndpointAdminService"].full_name,
+        ),
     ]
-    parts.consumers.append(EventConsumer(
-        js=bus.js, catalogue=bus.catalogue, spec=bus.catalogue.consumer("optimizer-feedback"),
-        message_type=FeedbackEvent, handler=FeedbackHandler(database.sessions, window),
-    ))
+    parts.consumers.append(
+        EventConsumer(
+            js=bus.js,
+            catalogue=bus.catalogue,
+            spec=bus.catalogue.consumer("optimizer-feedback"),
+            message_type=FeedbackEvent,
+            handler=FeedbackHandler(database.sessions, window),
+        )
+    )
 
 
 def main() -> None:

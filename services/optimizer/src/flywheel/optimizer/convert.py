@@ -14,9 +14,12 @@ from flywheel.optimizer.service import ACTIVE, CANARY, RETIRED, ArmSpec, Endpoin
 
 _STATUS_TO_PB = {ACTIVE: pb.ARM_STATUS_ACTIVE, CANARY: pb.ARM_STATUS_CANARY, RETIRED: pb.ARM_STATUS_RETIRED}
 _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
-_POLICY_FROM_PB = {pb.POLICY_KIND_UNSPECIFIED: "thompson_beta", pb.POLICY_KIND_THOMPSON_BETA: "thompson_beta",
-                   pb.POLICY_KIND_THOMPSON_GAUSSIAN: "thompson_gaussian",
-                   pb.POLICY_KIND_LINEAR_THOMPSON: "linear_thompson"}
+_POLICY_FROM_PB = {
+    pb.POLICY_KIND_UNSPECIFIED: "thompson_beta",
+    pb.POLICY_KIND_THOMPSON_BETA: "thompson_beta",
+    pb.POLICY_KIND_THOMPSON_GAUSSIAN: "thompson_gaussian",
+    pb.POLICY_KIND_LINEAR_THOMPSON: "linear_thompson",
+}
 _POLICY_TO_PB = {"thompson_beta": pb.POLICY_KIND_THOMPSON_BETA}
 
 
@@ -56,21 +59,32 @@ def endpoint_message(row: EndpointRow, arms: list[ArmRow]) -> pb.Endpoint:
     msg = pb.Endpoint(
         name=row.name,
         description=row.description,
-        policy=pb.PolicySpec(kind=_POLICY_TO_PB.get(row.policy_kind, pb.POLICY_KIND_UNSPECIFIED),
-                             exploration_floor=row.exploration_floor),
-        reward_spec=pb.RewardSpec(signal_weights=row.reward_spec.get("signal_weights", {}),
-                                  bounded=row.reward_spec.get("bounded", True)),
+        policy=pb.PolicySpec(
+            kind=_POLICY_TO_PB.get(row.policy_kind, pb.POLICY_KIND_UNSPECIFIED), exploration_floor=row.exploration_floor
+        ),
+        reward_spec=pb.RewardSpec(
+            signal_weights=row.reward_spec.get("signal_weights", {}), bounded=row.reward_spec.get("bounded", True)
+        ),
         incumbent_arm_id=incumbent(arms),
     )
     msg.created_at.FromDatetime(row.created_at)
     for a in arms:
-        msg.arms.append(pb.Arm(arm_id=a.arm_id, params=struct(a.params), status=_STATUS_TO_PB[a.status],
-                               traffic_cap=a.traffic_cap))
+        msg.arms.append(
+            pb.Arm(arm_id=a.arm_id, params=struct(a.params), status=_STATUS_TO_PB[a.status], traffic_cap=a.traffic_cap)
+        )
         msg.stats.append(arm_stats(a))
     return msg
 
 
 def arm_stats(a: ArmRow) -> pb.ArmStats:
     s = policy.summarize(a.alpha, a.beta)
-    return pb.ArmStats(arm_id=a.arm_id, pulls=a.pulls, alpha=a.alpha, beta=a.beta, mean=s.mean,
-                       ci_low=s.ci_low, ci_high=s.ci_high, reward_sum=a.reward_sum)
+    return pb.ArmStats(
+        arm_id=a.arm_id,
+        pulls=a.pulls,
+        alpha=a.alpha,
+        beta=a.beta,
+        mean=s.mean,
+        ci_low=s.ci_low,
+        ci_high=s.ci_high,
+        reward_sum=a.reward_sum,
+    )

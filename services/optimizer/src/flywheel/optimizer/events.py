@@ -25,8 +25,13 @@ class DecisionPublisher:
         now.GetCurrentTime()
         event = events_pb2.DecisionEvent(
             meta=EventMeta(event_id=decision.decision_id, time=now, source="optimizer"),
-            decision_id=decision.decision_id, endpoint=decision.endpoint, arm_id=decision.arm_id,
-            params=struct(decision.params), probability=decision.probability, user_id=request.user_id,
-            context=request.context, session_id=request.session_id,
+            decision_id=decision.decision_id,
+            endpoint=decision.endpoint,
+            arm_id=decision.arm_id,
+            params=struct(decision.params),
+            probability=decision.probability,
+            user_id=request.user_id,
+            context=request.context,
+            session_id=request.session_id,
         )
         await self._publisher.publish(self._catalogue.decision(decision.endpoint), event)

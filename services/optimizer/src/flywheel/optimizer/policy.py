@@ -29,8 +29,9 @@ def summarize(alpha: float, beta: float) -> BetaSummary:
     return BetaSummary(mean, max(0.0, mean - half), min(1.0, mean + half))
 
 
-def choose(alphas: np.ndarray, betas: np.ndarray, rng: np.random.Generator,
-           exploration_floor: float = 0.0) -> tuple[int, float]:
+def choose(
+    alphas: np.ndarray, betas: np.ndarray, rng: np.random.Generator, exploration_floor: float = 0.0
+) -> tuple[int, float]:
     """Pick an arm by Thompson sampling; return (index, probability of that choice).
 
     The probability is estimated from the same posterior by Monte Carlo and mixed with

@@ -94,15 +94,27 @@ async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> Endpo
     if await session.get(EndpointRow, spec.name) is not None:
         raise AlreadyExists(f"endpoint {spec.name!r} already exists")
     row = EndpointRow(
-        name=spec.name, description=spec.description, policy_kind=spec.policy_kind,
+        name=spec.name,
+        description=spec.description,
+        policy_kind=spec.policy_kind,
         exploration_floor=spec.exploration_floor,
         reward_spec={"signal_weights": spec.signal_weights, "bounded": spec.bounded},
     )
     session.add(row)
     await session.flush()
     session.add_all(
-        ArmRow(endpoint=spec.name, arm_id=a.arm_id, position=i, params=a.params, status=a.status, traffic_cap=a.traffic_cap,
-               alpha=1.0, beta=1.0, pulls=0, reward_sum=0.0)
+        ArmRow(
+            endpoint=spec.name,
+            arm_id=a.arm_id,
+            position=i,
+            params=a.params,
+            status=a.status,
+            traffic_cap=a.traffic_cap,
+            alpha=1.0,
+            beta=1.0,
+            pulls=0,
+            reward_sum=0.0,
+        )
         for i, a in enumerate(spec.arms)
     )
     await session.commit()
@@ -115,9 +127,7 @@ async def get_endpoint(session: AsyncSession, *, name: str) -> tuple[EndpointRow
     row = await session.get(EndpointRow, name)
     if row is None:
         raise NotFound(f"endpoint {name!r} does not exist")
-    arms = (await session.scalars(
-        sql_select(ArmRow).where(ArmRow.endpoint == name).order_by(ArmRow.position)
-    )).all()
+    arms = (await session.scalars(sql_select(ArmRow).where(ArmRow.endpoint == name).order_by(ArmRow.position))).all()
     return row, list(arms)
 
 
@@ -131,8 +141,20 @@ async def add_arm(session: AsyncSession, *, endpoint: str, arm: ArmSpec) -> None
     _check_arm(arm)
     if await session.get(ArmRow, (endpoint, arm.arm_id)) is not None:
         raise AlreadyExists(f"arm {arm.arm_id!r} already exists in {endpoint!r}")
-    session.add(ArmRow(endpoint=endpoint, arm_id=arm.arm_id, position=len(arms), params=arm.params, status=arm.status,
-                       traffic_cap=arm.traffic_cap, alpha=1.0, beta=1.0, pulls=0, reward_sum=0.0))
+    session.add(
+        ArmRow(
+            endpoint=endpoint,
+            arm_id=arm.arm_id,
+            position=len(arms),
+            params=arm.params,
+            status=arm.status,
+            traffic_cap=arm.traffic_cap,
+            alpha=1.0,
+            beta=1.0,
+            pulls=0,
+            reward_sum=0.0,
+        )
+    )
     await session.commit()
 
 
@@ -142,8 +164,9 @@ async def retire_arm(session: AsyncSession, *, endpoint: str, arm_id: str) -> No
         raise NotFound(f"arm {arm_id!r} does not exist in {endpoint!r}")
     if all(a.status == RETIRED or a.arm_id == arm_id for a in arms):
         raise InvalidArgument(f"cannot retire {arm_id!r}: it is the last selectable arm of {endpoint!r}")
-    await session.execute(update(ArmRow).where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id)
-                          .values(status=RETIRED))
+    await session.execute(
+        update(ArmRow).where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id).values(status=RETIRED)
+    )
     await session.commit()
 
 
@@ -155,8 +178,15 @@ def incumbent(arms: list[ArmRow], *, min_pulls: int = 10) -> str:
     return max(ranked, key=lambda a: a.alpha / (a.alpha + a.beta)).arm_id
 
 
-async def select(session: AsyncSession, *, endpoint: str, user_id: str, session_id: str,
-                 context: dict[str, Any], rng: np.random.Generator) -> Decision:
+async def select(
+    session: AsyncSession,
+    *,
+    endpoint: str,
+    user_id: str,
+    session_id: str,
+    context: dict[str, Any],
+    rng: np.random.Generator,
+) -> Decision:
     """Thompson-sample an arm, log the decision, and return it."""
     row, arms = await get_endpoint(session, name=endpoint)
     live = [a for a in arms if a.status != RETIRED]
@@ -164,17 +194,32 @@ async def select(session: AsyncSession, *, endpoint: str, user_id: str, session_
         np.array([a.alpha for a in live]), np.array([a.beta for a in live]), rng, row.exploration_floor
     )
     arm = live[chosen]
-    decision = Decision(decision_id=uuid.uuid4().hex, endpoint=endpoint, arm_id=arm.arm_id,
-                        params=arm.params, probability=probability)
-    session.add(DecisionRow(decision_id=decision.decision_id, endpoint=endpoint, arm_id=arm.arm_id,
-                            probability=probability, user_id=user_id, session_id=session_id, context=context))
+    decision = Decision(
+        decision_id=uuid.uuid4().hex, endpoint=endpoint, arm_id=arm.arm_id, params=arm.params, probability=probability
+    )
+    session.add(
+        DecisionRow(
+            decision_id=decision.decision_id,
+            endpoint=endpoint,
+            arm_id=arm.arm_id,
+            probability=probability,
+            user_id=user_id,
+            session_id=session_id,
+            context=context,
+        )
+    )
     await session.commit()
     return decision
 
 
 async def apply_feedback(
-    session: AsyncSession, *, event_id: str, decision_id: str, reward: float | None,
-    signals: dict[str, float], window: timedelta,
+    session: AsyncSession,
+    *,
+    event_id: str,
+    decision_id: str,
+    reward: float | None,
+    signals: dict[str, float],
+    window: timedelta,
 ) -> FeedbackOutcome:
     """Apply one feedback event to its arm's posterior, at most once per event id.
 
@@ -203,15 +248,22 @@ async def apply_feedback(
         value = min(1.0, max(0.0, value))
 
     inserted = await session.execute(
-        insert(AppliedFeedbackRow).values(event_id=event_id, decision_id=decision_id, reward=value)
-        .on_conflict_do_nothing(index_elements=["event_id"]).returning(AppliedFeedbackRow.event_id)
+        insert(AppliedFeedbackRow)
+        .values(event_id=event_id, decision_id=decision_id, reward=value)
+        .on_conflict_do_nothing(index_elements=["event_id"])
+        .returning(AppliedFeedbackRow.event_id)
     )
     applied = inserted.first() is not None
     if applied:
         await session.execute(
-            update(ArmRow).where(ArmRow.endpoint == decision.endpoint, ArmRow.arm_id == decision.arm_id)
-            .values(alpha=ArmRow.alpha + value, beta=ArmRow.beta + (1 - value),
-                    pulls=ArmRow.pulls + 1, reward_sum=ArmRow.reward_sum + value)
+            update(ArmRow)
+            .where(ArmRow.endpoint == decision.endpoint, ArmRow.arm_id == decision.arm_id)
+            .values(
+                alpha=ArmRow.alpha + value,
+                beta=ArmRow.beta + (1 - value),
+                pulls=ArmRow.pulls + 1,
+                reward_sum=ArmRow.reward_sum + value,
+            )
         )
     await session.commit()
     arm = await session.get(ArmRow, (decision.endpoint, decision.arm_id), populate_existing=True)

@@ -23,15 +23,26 @@ async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
     bus = await connect_bus(settings.nats, name=NAME, parts=parts)
     database = connect_database(settings.db, parts=parts)
     connect_objects(settings.s3, parts=parts)  # span segments; checked for readiness
-    parts.servicers.append((pb_grpc.add_TraceStoreServiceServicer_to_server, TraceStoreServicer(database.sessions),
-                            pb.DESCRIPTOR.services_by_name["TraceStoreService"].full_name))
+    parts.servicers.append(
+        (
+            pb_grpc.add_TraceStoreServiceServicer_to_server,
+            TraceStoreServicer(database.sessions),
+            pb.DESCRIPTOR.services_by_name["TraceStoreService"].full_name,
+        )
+    )
     for durable, message_type, handler in (
         ("trace-store-decisions", DecisionEvent, DecisionHandler(database.sessions)),
         ("trace-store-feedback", FeedbackEvent, FeedbackHandler(database.sessions)),
     ):
-        parts.consumers.append(EventConsumer(js=bus.js, catalogue=bus.catalogue,
-                                             spec=bus.catalogue.consumer(durable),
-                                             message_type=message_type, handler=handler))
+        parts.consumers.append(
+            EventConsumer(
+                js=bus.js,
+                catalogue=bus.catalogue,
+                spec=bus.catalogue.consumer(durable),
+                message_type=message_type,
+                handler=handler,
+            )
+        )
 
 
 def main() -> None:

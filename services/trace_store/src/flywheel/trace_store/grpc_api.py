@@ -16,14 +16,21 @@ class TraceStoreServicer(pb_grpc.TraceStoreServiceServicer):
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
-    async def GetDecision(self, request: pb.GetDecisionRequest, context: grpc.aio.ServicerContext
-                          ) -> pb.GetDecisionResponse:
+    async def GetDecision(
+        self, request: pb.GetDecisionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetDecisionResponse:
         async with self._sessions() as session:
             row, feedback = await service.get_decision(session, decision_id=request.decision_id)
         ctx = Struct()
         ctx.update(row.context)
-        record = pb.DecisionRecord(decision_id=row.decision_id, endpoint=row.endpoint, arm_id=row.arm_id,
-                                   probability=row.probability, user_id=row.user_id, context=ctx)
+        record = pb.DecisionRecord(
+            decision_id=row.decision_id,
+            endpoint=row.endpoint,
+            arm_id=row.arm_id,
+            probability=row.probability,
+            user_id=row.user_id,
+            context=ctx,
+        )
         record.time.FromDatetime(row.decided_at)
         for f in feedback:
             item = record.feedback.add(event_id=f.event_id, signals=f.signals)

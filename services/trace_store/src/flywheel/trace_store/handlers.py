@@ -26,9 +26,14 @@ class DecisionHandler:
         try:
             async with self._sessions() as session:
                 await service.record_decision(
-                    session, decision_id=event.decision_id, endpoint=event.endpoint, arm_id=event.arm_id,
-                    probability=event.probability, user_id=event.user_id,
-                    context=json_format.MessageToDict(event.context), decided_at=_time(event.meta.time),
+                    session,
+                    decision_id=event.decision_id,
+                    endpoint=event.endpoint,
+                    arm_id=event.arm_id,
+                    probability=event.probability,
+                    user_id=event.user_id,
+                    context=json_format.MessageToDict(event.context),
+                    decided_at=_time(event.meta.time),
                 )
         except InvalidArgument as exc:
             raise Reject(str(exc)) from None
@@ -42,9 +47,12 @@ class FeedbackHandler:
         try:
             async with self._sessions() as session:
                 await service.record_feedback(
-                    session, event_id=event.meta.event_id, decision_id=event.decision_id,
+                    session,
+                    event_id=event.meta.event_id,
+                    decision_id=event.decision_id,
                     reward=event.reward if event.HasField("reward") else None,
-                    signals=dict(event.signals), sent_at=_time(event.meta.time),
+                    signals=dict(event.signals),
+                    sent_at=_time(event.meta.time),
                 )
         except InvalidArgument as exc:
             raise Reject(str(exc)) from None

@@ -13,44 +13,69 @@ from flywheel.core.errors import InvalidArgument, NotFound
 from flywheel.trace_store.models import DecisionLogRow, FeedbackLogRow
 
 
-async def record_decision(session: AsyncSession, *, decision_id: str, endpoint: str, arm_id: str,
-                          probability: float, user_id: str, context: dict[str, Any],
-                          decided_at: datetime) -> bool:
+async def record_decision(
+    session: AsyncSession,
+    *,
+    decision_id: str,
+    endpoint: str,
+    arm_id: str,
+    probability: float,
+    user_id: str,
+    context: dict[str, Any],
+    decided_at: datetime,
+) -> bool:
     """Store a decision once; returns False when it was already recorded."""
     if not decision_id or not endpoint or not arm_id:
         raise InvalidArgument("decision needs decision_id, endpoint and arm_id")
     result = await session.execute(
-        insert(DecisionLogRow).values(decision_id=decision_id, endpoint=endpoint, arm_id=arm_id,
-                                      probability=probability, user_id=user_id, context=context,
-                                      decided_at=decided_at)
-        .on_conflict_do_nothing(index_elements=["decision_id"]).returning(DecisionLogRow.decision_id)
+        insert(DecisionLogRow)
+        .values(
+            decision_id=decision_id,
+            endpoint=endpoint,
+            arm_id=arm_id,
+            probability=probability,
+            user_id=user_id,
+            context=context,
+            decided_at=decided_at,
+        )
+        .on_conflict_do_nothing(index_elements=["decision_id"])
+        .returning(DecisionLogRow.decision_id)
     )
     await session.commit()
     return result.first() is not None
 
 
-async def record_feedback(session: AsyncSession, *, event_id: str, decision_id: str, reward: float | None,
-                          signals: dict[str, float], sent_at: datetime) -> bool:
+async def record_feedback(
+    session: AsyncSession,
+    *,
+    event_id: str,
+    decision_id: str,
+    reward: float | None,
+    signals: dict[str, float],
+    sent_at: datetime,
+) -> bool:
     """Store feedback once per event id; returns False for a duplicate."""
     if not event_id or not decision_id:
         raise InvalidArgument("feedback needs meta.event_id and decision_id")
     result = await session.execute(
-        insert(FeedbackLogRow).values(event_id=event_id, decision_id=decision_id, reward=reward,
-                                      signals=signals, sent_at=sent_at)
-        .on_conflict_do_nothing(index_elements=["event_id"]).returning(FeedbackLogRow.event_id)
+        insert(FeedbackLogRow)
+        .values(event_id=event_id, decision_id=decision_id, reward=reward, signals=signals, sent_at=sent_at)
+        .on_conflict_do_nothing(index_elements=["event_id"])
+        .returning(FeedbackLogRow.event_id)
     )
     await session.commit()
     return result.first() is not None
 
 
-async def get_decision(session: AsyncSession, *, decision_id: str
-                       ) -> tuple[DecisionLogRow, list[FeedbackLogRow]]:
+async def get_decision(session: AsyncSession, *, decision_id: str) -> tuple[DecisionLogRow, list[FeedbackLogRow]]:
     if not decision_id:
         raise InvalidArgument("decision_id is empty")
     row = await session.get(DecisionLogRow, decision_id)
     if row is None:
         raise NotFound(f"decision {decision_id!r} is not recorded")
-    feedback = (await session.scalars(
-        select(FeedbackLogRow).where(FeedbackLogRow.decision_id == decision_id).order_by(FeedbackLogRow.sent_at)
-    )).all()
+    feedback = (
+        await session.scalars(
+            select(FeedbackLogRow).where(FeedbackLogRow.decision_id == decision_id).order_by(FeedbackLogRow.sent_at)
+        )
+    ).all()
     return row, list(feedback)

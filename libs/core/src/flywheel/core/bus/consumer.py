@@ -165,7 +165,8 @@ class EventConsumer(Generic[M]):
         letter.time.CopyFrom(now)
         # The dedup id makes a redelivered message dead-letter once even if we die before acking.
         await self._publisher.publish(
-            self._catalogue.dead_letter(self.name), letter,
+            self._catalogue.dead_letter(self.name),
+            letter,
             msg_id=f"{self.name}:{delivery.stream_sequence}",
         )
         await msg.ack()

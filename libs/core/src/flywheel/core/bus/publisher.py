@@ -18,8 +18,9 @@ class Publisher:
         self._js = js
         self._timeout_s = timeout_s
 
-    async def publish(self, subject: str, message: Message, *, msg_id: str | None = None,
-                      as_json: bool = False) -> PubAck:
+    async def publish(
+        self, subject: str, message: Message, *, msg_id: str | None = None, as_json: bool = False
+    ) -> PubAck:
         """Publish and return once the stream has stored it (durable)."""
         payload, headers = encode(message, as_json=as_json)
         if msg_id is None:
