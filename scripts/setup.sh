@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Creates .venv (Python 3.11+), installs every workspace member editable plus the dev
+# tools, and buf from npm. Idempotent and fast when nothing changed (a stamp of the
+# dependency files); pass --force to reinstall.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pick_python() {
+  for candidate in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
+    [ -n "$candidate" ] || continue
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  echo "Python 3.11 or newer is required (set PYTHON=/path/to/python3.11)" >&2
+  return 1
+}
+
+MEMBERS=(libs/api libs/core libs/sdk deploy/stack
+         services/optimizer services/trace_store services/evaluator
+         services/reward_judge services/society services/trainer)
+
+stamp_now() {
+  cat pyproject.toml package.json package-lock.json "${MEMBERS[@]/%//pyproject.toml}" scripts/setup.sh |
+    sha256sum | cut -d' ' -f1
+}
+
+if [ "${1:-}" != "--force" ] && [ -f .venv/.setup-stamp ] && [ "$(cat .venv/.setup-stamp)" = "$(stamp_now)" ]; then
+  exit 0
+fi
+
+PY=$(pick_python)
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade uv
+editables=()
+for member in "${MEMBERS[@]}"; do editables+=(-e "$member"); done
+.venv/bin/uv pip install --quiet -p .venv/bin/python "${editables[@]}" --group dev
+if command -v npm >/dev/null 2>&1; then
+  npm ci --no-audit --no-fund --silent
+else
+  echo "npm not found: buf (proto lint) will be unavailable" >&2
+fi
+stamp_now > .venv/.setup-stamp
+echo "setup done: .venv ready"
