@@ -160,7 +160,7 @@ def _find_binary(name: str) -> str:
     return found
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """True unless the pid is gone or a zombie (a dead process nobody has reaped yet)."""
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
@@ -314,7 +314,7 @@ class ManagedServer:
             if not self._wait_gone(pid, timeout):
                 logger.warning("%r did not stop within %.0fs; killing it", self, timeout)
                 self._kill_tree(pid)
-        if pid is None or not _alive(pid):
+        if pid is None or not process_alive(pid):
             self._after_stop()
         self.pid_file.unlink(missing_ok=True)
 
@@ -349,7 +349,7 @@ class ManagedServer:
             del _CHILDREN[pid]
             return True
         try:
-            return wait_for(lambda: not _alive(pid), timeout, interval=0.05)
+            return wait_for(lambda: not process_alive(pid), timeout, interval=0.05)
         except TimeoutError:
             return False
 
@@ -485,7 +485,7 @@ class PostgresServer(ManagedServer):
         # pid 1 does not reap); postgres treats that pid as alive and refuses to start, so drop the stale lock.
         lock = self.pgdata / "postmaster.pid"
         try:
-            if not _alive(int(lock.read_text().split()[0])):
+            if not process_alive(int(lock.read_text().split()[0])):
                 lock.unlink()
         except (OSError, ValueError, IndexError):
             pass

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from flywheel.stack.servers import free_port
+from flywheel.stack.servers import free_port, process_alive
 
 SERVICES = ("optimizer", "trace_store", "evaluator", "reward_judge", "society", "trainer")
 # Services that own tables, in the order their migrations run.
@@ -140,11 +140,10 @@ class ServiceProcess:
                 return self._proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 return None
+        # Not our child (``down`` from another process): poll, counting zombies as gone.
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not process_alive(pid):
                 return 0
             time.sleep(0.05)
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,20 @@ from flywheel.stack.servers import NatsServer, PostgresServer, S3Server
 from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, migrate
 
 STATE_FILE = "stack.json"
+SECRETS_FILE = "secrets.json"
+
+
+def _secrets(root: Path) -> dict[str, str]:
+    """Generated passwords, kept (mode 0600) beside the data they protect: PostgreSQL's
+    data folder remembers the password it was initialised with."""
+    path = root / SECRETS_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    found = {name: secrets.token_urlsafe(18) for name in ("nats", "postgres", "s3")}
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(found))
+    return found
 
 
 @dataclass
@@ -26,11 +41,13 @@ class Servers:
 
     @classmethod
     def create(cls, root: Path) -> Servers:
+        """Servers with data under ``root``; a second ``up`` on the same data reuses its secrets."""
         external = os.environ.get("DATABASE_URL")
+        secrets = _secrets(root)
         return cls(
-            nats=NatsServer(root / "nats"),
-            s3=S3Server(root / "s3"),
-            postgres=None if external else PostgresServer(root / "postgres"),
+            nats=NatsServer(root / "nats", password=secrets["nats"]),
+            s3=S3Server(root / "s3", secret_key=secrets["s3"]),
+            postgres=None if external else PostgresServer(root / "postgres", password=secrets["postgres"]),
             external_database_url=external,
         )
 
@@ -67,7 +84,6 @@ class Servers:
             "FLYWHEEL_S3_ACCESS_KEY": self.s3.access_key,
             "FLYWHEEL_S3_SECRET_KEY": self.s3.secret_key,
             "FLYWHEEL_S3_BUCKET_PREFIX": bucket_prefix,
-            "FLYWHEEL_LOG_FORMAT": "json",
         }
 
     def to_state(self) -> dict[str, object]:
