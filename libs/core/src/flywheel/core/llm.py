@@ -48,6 +48,7 @@ class LlmClient:
         import litellm  # heavy; only services that call models pay for it
 
         litellm.telemetry = False
+        litellm.suppress_debug_info = True  # no "Give Feedback" banners in service logs
         self._litellm = litellm
 
     async def complete(
