@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# No "_" in namespaces: stream names upper-case the namespace and turn "-" into "_".
+NAMESPACE = re.compile(r"[a-z][a-z0-9-]{0,31}")
 
 
 class Retention(StrEnum):
@@ -53,7 +55,7 @@ class ConsumerSpec:
 
 def subject_token(value: str, *, what: str) -> str:
     """Check that a value can be one NATS subject token (no dots, spaces or wildcards)."""
-    if not _TOKEN.match(value):
+    if not _TOKEN.fullmatch(value):
         raise ValueError(f"{what} {value!r} must be 1-64 chars of [A-Za-z0-9_-]")
     return value
 
@@ -68,6 +70,8 @@ class Catalogue:
 
     def __post_init__(self) -> None:
         ns = self.namespace
+        if not NAMESPACE.fullmatch(ns):
+            raise ValueError(f"namespace {ns!r} must match {NAMESPACE.pattern} (it prefixes subjects and streams)")
         p = re.sub(r"[^A-Z0-9]", "_", ns.upper())
         streams = [
             StreamSpec(

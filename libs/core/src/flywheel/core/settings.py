@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-_NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+from flywheel.api.subjects import NAMESPACE
 
 
 class NatsSettings(BaseSettings):
@@ -37,11 +37,18 @@ class NatsSettings(BaseSettings):
     namespace: str = "flywheel"
     connect_timeout_s: float = 2.0
 
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, v: str) -> str:
+        if "@" in v.split("://", 1)[-1]:
+            raise ValueError("put credentials in FLYWHEEL_NATS_USER/PASSWORD or a creds file, not in the URL")
+        return v
+
     @field_validator("namespace")
     @classmethod
     def _namespace_is_a_subject_token(cls, v: str) -> str:
-        if not _NAMESPACE.match(v):
-            raise ValueError("must match [a-z][a-z0-9_-]{0,31} (it prefixes NATS subjects)")
+        if not NAMESPACE.fullmatch(v):
+            raise ValueError(f"must match {NAMESPACE.pattern} (it prefixes NATS subjects and stream names)")
         return v
 
 
@@ -70,7 +77,7 @@ class DatabaseSettings(BaseSettings):
     @field_validator("schema_name")
     @classmethod
     def _identifier(cls, v: str) -> str:
-        if not re.match(r"^[a-z_][a-z0-9_]{0,62}$", v):
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", v):
             raise ValueError("must be a lowercase SQL identifier")
         return v
 
@@ -130,16 +137,6 @@ def _env_var(model: type[BaseSettings], field: str) -> str:
     return (str(model.model_config.get("env_prefix", "")) + field).upper()
 
 
-def _settings_models(cls: type[BaseSettings]) -> dict[str, type[BaseSettings]]:
-    """The class and the settings classes nested in it, by name."""
-    found: dict[str, type[BaseSettings]] = {cls.__name__: cls}
-    for info in cls.model_fields.values():
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseSettings):
-            found[ann.__name__] = ann
-    return found
-
-
 def _describe(model: type[BaseSettings], exc: ValidationError) -> list[str]:
     return [f"  {_env_var(model, str(e['loc'][0]) if e['loc'] else '')}: {e['msg']}" for e in exc.errors()]
 
@@ -148,17 +145,23 @@ def load_settings(cls: type[S]) -> S:
     """Build settings from the environment, or exit(2) naming every bad or missing variable."""
     problems: list[str] = []
     # Nested settings are built by default factories, which stop at the first failure;
-    # build each on its own first so one run reports everything that is wrong.
-    for model in _settings_models(cls).values():
-        if model is not cls:
-            try:
-                model()
-            except ValidationError as exc:
-                problems += _describe(model, exc)
-    if not problems:
+    # build each on its own, then the service's own fields with the nested ones stubbed,
+    # so one run reports everything that is wrong.
+    nested = {
+        n: f.annotation
+        for n, f in cls.model_fields.items()
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseSettings)
+    }
+    for model in nested.values():
         try:
-            return cls()
+            model()
         except ValidationError as exc:
-            problems += _describe(cls, exc)
+            problems += _describe(model, exc)
+    try:
+        cls(**{n: model.model_construct() for n, model in nested.items()})
+    except ValidationError as exc:
+        problems += _describe(cls, exc)
+    if not problems:
+        return cls()
     sys.stderr.write(f"invalid configuration ({cls.__name__}):\n" + "\n".join(problems) + "\n")
     raise SystemExit(2)

@@ -20,8 +20,8 @@ from flywheel.core.errors import AlreadyExists, InvalidArgument, NotFound
 from flywheel.optimizer import policy
 from flywheel.optimizer.models import AppliedFeedbackRow, ArmRow, DecisionRow, EndpointRow
 
-ENDPOINT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-ARM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+ENDPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 ACTIVE, CANARY, RETIRED = "active", "canary", "retired"
 POLICIES = {"thompson_beta"}
 
@@ -61,7 +61,7 @@ class FeedbackOutcome:
 
 
 def _check_arm(arm: ArmSpec) -> None:
-    if not ARM_ID.match(arm.arm_id):
+    if not ARM_ID.fullmatch(arm.arm_id):
         raise InvalidArgument(f"arm_id {arm.arm_id!r} must be 1-128 chars of [A-Za-z0-9_.-]")
     if arm.status not in (ACTIVE, CANARY):
         raise InvalidArgument(f"arm {arm.arm_id!r}: a new arm is active or canary, not {arm.status!r}")
@@ -70,7 +70,7 @@ def _check_arm(arm: ArmSpec) -> None:
 
 
 def validate_endpoint(spec: EndpointSpec) -> None:
-    if not ENDPOINT_NAME.match(spec.name):
+    if not ENDPOINT_NAME.fullmatch(spec.name):
         raise InvalidArgument(f"endpoint name {spec.name!r} must be 1-64 chars of [A-Za-z0-9_-]")
     if not spec.arms:
         raise InvalidArgument(f"endpoint {spec.name!r} needs at least one arm")

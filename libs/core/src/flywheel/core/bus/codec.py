@@ -28,7 +28,9 @@ def encode(message: Message, *, as_json: bool = False) -> tuple[bytes, dict[str,
 
 def decode(payload: bytes, headers: dict[str, str] | None, message_type: type[M]) -> M:
     """Parse a payload by its Content-Type (protobuf when absent)."""
-    content_type = (headers or {}).get(CONTENT_TYPE, PROTOBUF).split(";")[0].strip().lower()
+    # Header names are case-insensitive in practice: clients send content-type too.
+    found = {k.lower(): v for k, v in (headers or {}).items()}.get(CONTENT_TYPE.lower(), PROTOBUF)
+    content_type = found.split(";")[0].strip().lower()
     message = message_type()
     if content_type == JSON:
         try:
