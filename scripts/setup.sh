@@ -37,7 +37,8 @@ editables=()
 for member in "${MEMBERS[@]}"; do editables+=(-e "$member"); done
 .venv/bin/uv pip install --quiet -p .venv/bin/python "${editables[@]}" --group dev
 if command -v npm >/dev/null 2>&1; then
-  npm ci --no-audit --no-fund --silent
+  # npm install, not ci: the lock lacks the other platforms' optional buf binaries, which ci rejects.
+  npm install --no-audit --no-fund --loglevel=error
 else
   echo "npm not found: buf (proto lint) will be unavailable" >&2
 fi
