@@ -5,6 +5,7 @@ decision and its feedback in the trace store."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import grpc
 import pytest
@@ -87,3 +88,16 @@ async def test_select_feedback_twice_updates_once_and_trace_store_records_both(
         assert record.user_id == "u-1"
         assert record.probability == pytest.approx(decision.probability)
         assert [(f.event_id, f.reward) for f in record.feedback] == [("fb-1", 1.0)]
+
+    # Prometheus metrics tell the same story: two deliveries acked, one Select served.
+    metrics = await asyncio.to_thread(scrape, optimizer.metrics_port)
+    assert 'flywheel_events_total{consumer="optimizer-feedback",outcome="ack"} 2.0' in metrics
+    assert (
+        'flywheel_grpc_requests_total{code="OK",method="/flywheel.api.optimizer.v1.SelectionService/Select"} 1.0'
+        in metrics
+    )
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()

@@ -19,13 +19,17 @@ import time
 from pathlib import Path
 
 import grpc
+import nats
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from flywheel.api.common.v1.common_pb2 import EventMeta
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
 from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
+from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.api.subjects import Catalogue
 from flywheel.api.traces.v1 import trace_store_service_pb2 as ts_pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as ts_grpc
 from flywheel.sdk import FlywheelClient
@@ -77,10 +81,15 @@ async def run_loop(stack: Stack, requests: int) -> None:
                     progress.advance(task)
             console.print(f"[bold]2.[/] Served {requests} requests; arms chosen: {chosen}")
 
-            # The same feedback event again (a product retrying): it must not count twice.
+            # The same feedback event again, as a producer retrying after JetStream's
+            # 10-minute dedup window would send it: same event id, new NATS message id.
+            # Only the optimizer's applied_feedback table stands between it and a double count.
             assert first is not None
-            await fw.feedback(first, reward=1.0, event_id=f"fb-{first.decision_id}")
-            console.print(f"[bold]3.[/] Re-sent the feedback of decision {first.decision_id[:8]}… (a retry)")
+            await resend_feedback(env, first.decision_id, f"fb-{first.decision_id}")
+            console.print(
+                f"[bold]3.[/] Re-sent the feedback of decision {first.decision_id[:8]}… "
+                "(same event id, new NATS message id)"
+            )
 
         deadline = time.monotonic() + 30
         while True:
@@ -126,6 +135,22 @@ async def run_loop(stack: Stack, requests: int) -> None:
     )
     if applied != requests:
         raise SystemExit("feedback was not applied exactly once")
+
+
+async def resend_feedback(env: dict[str, str], decision_id: str, event_id: str) -> None:
+    nc = await nats.connect(
+        env["FLYWHEEL_NATS_URL"], user=env["FLYWHEEL_NATS_USER"], password=env["FLYWHEEL_NATS_PASSWORD"]
+    )
+    event = FeedbackEvent(
+        meta=EventMeta(event_id=event_id, source="demo-retry"),
+        decision_id=decision_id,
+        endpoint="support-bot",
+        reward=1.0,
+    )
+    await nc.jetstream().publish(
+        Catalogue().feedback("support-bot"), event.SerializeToString(), headers={"Nats-Msg-Id": f"retry-{event_id}"}
+    )
+    await nc.close()
 
 
 def main() -> None:

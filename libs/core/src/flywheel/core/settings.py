@@ -111,8 +111,8 @@ class ServiceSettings(BaseSettings):
 
     grpc_host: str = "0.0.0.0"
     grpc_port: int = Field(50051, ge=0, le=65535)
-    # Prometheus /metrics; 0 disables.
-    metrics_port: int = Field(0, ge=0, le=65535)
+    # Prometheus /metrics (9090, the usual scrape port); 0 disables.
+    metrics_port: int = Field(9090, ge=0, le=65535)
     # Time in-flight RPCs and events get to finish after SIGTERM.
     shutdown_grace_s: float = Field(5.0, gt=0, le=60)
     # How often readiness (NATS, PostgreSQL, S3) is re-checked.
