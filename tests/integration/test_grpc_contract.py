@@ -87,7 +87,7 @@ async def test_bad_requests_get_clear_errors(launch):
         await expect(
             admin.RetireArm(admin_pb.RetireArmRequest(endpoint="bot", arm_id="creative")),
             INVALID,
-            "last selectable arm",
+            "last active arm",
         )
         for _ in range(5):
             assert (await sel.Select(sel_pb.SelectRequest(endpoint="bot"))).arm_id == "creative"

@@ -1,4 +1,4 @@
-"""flywheel.optimizer.service.validate_endpoint: what CreateEndpoint refuses, and the message it gives."""
+"""flywheel.optimizer.spec.validate_endpoint: what CreateEndpoint refuses, and the message it gives."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ import grpc
 import pytest
 
 from flywheel.core.errors import InvalidArgument
-from flywheel.optimizer.service import ArmSpec, EndpointSpec, validate_endpoint
+from flywheel.optimizer.spec import ArmSpec, EndpointSpec, PolicyConfig, validate_endpoint
 
 
 def _spec(**changes) -> EndpointSpec:
+    policy_changes = {
+        k: changes.pop(k) for k in list(changes) if k in {f.name for f in dataclasses.fields(PolicyConfig)}
+    }
+    if "policy_kind" in changes:
+        policy_changes["kind"] = changes.pop("policy_kind")
+    changes["policy"] = PolicyConfig(**policy_changes)
     base = EndpointSpec(
         name="support-bot",
         arms=[ArmSpec("gpt-small", {"model": "small"}), ArmSpec("gpt.large_v2", {"model": "large"})],
@@ -31,7 +37,7 @@ def test_a_good_endpoint_passes():
     validate_endpoint(_spec())
     validate_endpoint(_spec(name="x" * 64, arms=[ArmSpec("a" * 128, {})]))
     validate_endpoint(_spec(exploration_floor=0.5))  # 0.5 x 2 arms = 1
-    validate_endpoint(_spec(arms=[ArmSpec("a", {}, status="canary", traffic_cap=0.1)]))
+    validate_endpoint(_spec(arms=[ArmSpec("a", {}), ArmSpec("b", {}, status="canary", traffic_cap=0.1)]))
     validate_endpoint(_spec(signal_weights={"unused": 0.0}))
 
 
@@ -106,3 +112,21 @@ def test_negative_or_non_finite_signal_weight(weight):
     message = _rejected(_spec(signal_weights={"thumbs_up": 1.0, "resolved": weight}))
     assert "signal weights" in message
     assert "finite and non-negative" in message
+
+
+def test_only_canaries_is_refused():
+    assert "at least one active" in _rejected(_spec(arms=[ArmSpec("a", {}, status="canary", traffic_cap=0.1)]))
+
+
+def test_half_life_and_window_together_are_refused():
+    assert "at most one of half_life_s and window_s" in _rejected(_spec(half_life_s=60, window_s=600))
+
+
+def test_linear_thompson_needs_features():
+    assert "context_features" in _rejected(_spec(policy_kind="linear_thompson"))
+    validate_endpoint(_spec(policy_kind="linear_thompson", context_features=("x1", "x2")))
+    assert "only apply to linear_thompson" in _rejected(_spec(context_features=("x1",)))
+
+
+def test_gaussian_policy_accepts_unbounded_rewards():
+    validate_endpoint(_spec(policy_kind="thompson_gaussian", bounded=False))

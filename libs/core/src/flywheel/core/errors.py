@@ -26,3 +26,9 @@ class AlreadyExists(ServiceError):
 
 class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(ServiceError):
+    """Transient: the caller (or the bus) should retry shortly."""
+
+    code = grpc.StatusCode.UNAVAILABLE

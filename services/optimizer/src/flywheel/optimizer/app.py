@@ -1,4 +1,4 @@
-"""Wiring of the optimizer: settings -> connections -> servicers and consumers."""
+"""Wiring of the optimizer: settings -> connections -> hot path, servicers, consumers, jobs."""
 
 from __future__ import annotations
 
@@ -14,13 +14,20 @@ from flywheel.core import entrypoint
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
-from flywheel.optimizer.events import DecisionPublisher
+from flywheel.optimizer.arm_lifecycle import ArmLifecycle
+from flywheel.optimizer.cache import PosteriorCache
+from flywheel.optimizer.decisions import DecisionLog
 from flywheel.optimizer.grpc_api import EndpointAdminServicer, SelectionServicer
 from flywheel.optimizer.handlers import FeedbackHandler
+from flywheel.optimizer.selector import Selector, StickySessions
 from flywheel.optimizer.settings import OptimizerSettings
 
 NAME = "optimizer"
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _service_name(module: object, service: str) -> str:
+    return module.DESCRIPTOR.services_by_name[service].full_name  # type: ignore[attr-defined]
 
 
 async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
@@ -28,17 +35,25 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     database = connect_database(settings.db, parts=parts)
     connect_objects(settings.s3, parts=parts)  # run reports (batch runs); checked for readiness
     window = timedelta(seconds=settings.feedback_window_s)
-    decisions = DecisionPublisher(bus.publisher, bus.catalogue)
+
+    cache = PosteriorCache(database.sessions, refresh_interval_s=settings.refresh_interval_s)
+    await cache.refresh()
+    decisions = DecisionLog(
+        database.sessions, bus.publisher, bus.catalogue, flush_interval_s=settings.decision_flush_interval_s
+    )
+    selector = Selector(cache, decisions, StickySessions(database.sessions))
+    lifecycle = ArmLifecycle(database.sessions, cache, interval_s=settings.lifecycle_interval_s)
+
     parts.servicers += [
         (
             sel_grpc.add_SelectionServiceServicer_to_server,
-            SelectionServicer(database.sessions, decisions, window),
-            sel_pb.DESCRIPTOR.services_by_name["SelectionService"].full_name,
+            SelectionServicer(selector, database.sessions, decisions, cache, window),
+            _service_name(sel_pb, "SelectionService"),
         ),
         (
             admin_grpc.add_EndpointAdminServiceServicer_to_server,
-            EndpointAdminServicer(database.sessions),
-            admin_pb.DESCRIPTOR.services_by_name["EndpointAdminService"].full_name,
+            EndpointAdminServicer(database.sessions, cache),
+            _service_name(admin_pb, "EndpointAdminService"),
         ),
     ]
     parts.consumers.append(
@@ -50,6 +65,9 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             handler=FeedbackHandler(database.sessions, window),
         )
     )
+    parts.background += [cache.run, decisions.run, lifecycle.run]
+    # Closers run in reverse: the decision buffer is flushed before the database closes.
+    parts.closers.append(decisions.flush)
 
 
 def main() -> None:

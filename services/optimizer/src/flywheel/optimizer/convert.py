@@ -1,4 +1,4 @@
-"""Conversions between protobuf messages and the optimizer's domain values."""
+"""Conversions between protobuf messages and the optimizer's values."""
 
 from __future__ import annotations
 
@@ -8,19 +8,27 @@ from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
-from flywheel.optimizer import policy
-from flywheel.optimizer.models import ArmRow, EndpointRow
-from flywheel.optimizer.service import ACTIVE, CANARY, RETIRED, ArmSpec, EndpointSpec, incumbent
+from flywheel.optimizer.snapshot import EndpointSnapshot
+from flywheel.optimizer.spec import (
+    ACTIVE,
+    BETA,
+    CANARY,
+    GAUSSIAN,
+    LINEAR,
+    RETIRED,
+    ArmSpec,
+    EndpointSpec,
+    PolicyConfig,
+)
 
 _STATUS_TO_PB = {ACTIVE: pb.ARM_STATUS_ACTIVE, CANARY: pb.ARM_STATUS_CANARY, RETIRED: pb.ARM_STATUS_RETIRED}
 _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
-_POLICY_FROM_PB = {
-    pb.POLICY_KIND_UNSPECIFIED: "thompson_beta",
-    pb.POLICY_KIND_THOMPSON_BETA: "thompson_beta",
-    pb.POLICY_KIND_THOMPSON_GAUSSIAN: "thompson_gaussian",
-    pb.POLICY_KIND_LINEAR_THOMPSON: "linear_thompson",
+_KIND_TO_PB = {
+    BETA: pb.POLICY_KIND_THOMPSON_BETA,
+    GAUSSIAN: pb.POLICY_KIND_THOMPSON_GAUSSIAN,
+    LINEAR: pb.POLICY_KIND_LINEAR_THOMPSON,
 }
-_POLICY_TO_PB = {"thompson_beta": pb.POLICY_KIND_THOMPSON_BETA}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()} | {pb.POLICY_KIND_UNSPECIFIED: BETA}
 
 
 def struct(value: dict[str, Any]) -> Struct:
@@ -37,54 +45,109 @@ def arm_spec(arm: pb.Arm) -> ArmSpec:
     return ArmSpec(
         arm_id=arm.arm_id,
         params=from_struct(arm.params),
-        status=_STATUS_FROM_PB.get(arm.status, ACTIVE) if arm.status else ACTIVE,
+        status=_STATUS_FROM_PB.get(arm.status, "retired") if arm.status else ACTIVE,
         traffic_cap=arm.traffic_cap or 1.0,
     )
 
 
+def policy_config(spec: pb.PolicySpec) -> PolicyConfig:
+    """Fill the proto's zero values with the defaults."""
+    d = PolicyConfig()
+    return PolicyConfig(
+        kind=_KIND_FROM_PB.get(spec.kind, f"unknown({spec.kind})"),
+        exploration_floor=spec.exploration_floor,
+        half_life_s=spec.half_life_s,
+        window_s=spec.window_s,
+        segment_key=spec.segment_key,
+        segment_prior_strength=spec.segment_prior_strength or d.segment_prior_strength,
+        sticky_sessions=spec.sticky_sessions,
+        sticky_ttl_s=spec.sticky_ttl_s or d.sticky_ttl_s,
+        context_features=tuple(spec.context_features),
+        ridge_lambda=spec.ridge_lambda or d.ridge_lambda,
+        incumbent_min_pulls=spec.incumbent.min_pulls or d.incumbent_min_pulls,
+        incumbent_max_interval_width=spec.incumbent.max_interval_width or d.incumbent_max_interval_width,
+        incumbent_min_margin=spec.incumbent.min_margin or d.incumbent_min_margin,
+        canary_min_pulls=spec.canary.min_pulls or d.canary_min_pulls,
+        canary_promote_probability=spec.canary.promote_probability or d.canary_promote_probability,
+        canary_retire_probability=spec.canary.retire_probability or d.canary_retire_probability,
+    )
+
+
+def policy_message(p: PolicyConfig) -> pb.PolicySpec:
+    return pb.PolicySpec(
+        kind=_KIND_TO_PB[p.kind],
+        exploration_floor=p.exploration_floor,
+        half_life_s=p.half_life_s,
+        window_s=p.window_s,
+        segment_key=p.segment_key,
+        segment_prior_strength=p.segment_prior_strength,
+        sticky_sessions=p.sticky_sessions,
+        sticky_ttl_s=p.sticky_ttl_s,
+        context_features=list(p.context_features),
+        ridge_lambda=p.ridge_lambda,
+        incumbent=pb.IncumbentRule(
+            min_pulls=p.incumbent_min_pulls,
+            max_interval_width=p.incumbent_max_interval_width,
+            min_margin=p.incumbent_min_margin,
+        ),
+        canary=pb.CanaryRule(
+            min_pulls=p.canary_min_pulls,
+            promote_probability=p.canary_promote_probability,
+            retire_probability=p.canary_retire_probability,
+        ),
+    )
+
+
 def endpoint_spec(ep: pb.Endpoint) -> EndpointSpec:
+    bounded = ep.reward_spec.bounded or not ep.HasField("reward_spec")
+    if ep.policy.kind == pb.POLICY_KIND_THOMPSON_GAUSSIAN and not ep.HasField("reward_spec"):
+        bounded = False  # Gaussian endpoints exist for unbounded rewards
     return EndpointSpec(
         name=ep.name,
         description=ep.description,
         arms=[arm_spec(a) for a in ep.arms],
-        policy_kind=_POLICY_FROM_PB.get(ep.policy.kind, "unknown"),
-        exploration_floor=ep.policy.exploration_floor,
+        policy=policy_config(ep.policy),
         signal_weights=dict(ep.reward_spec.signal_weights),
-        # proto3 bools default to false; an endpoint without a reward spec is bounded.
-        bounded=ep.reward_spec.bounded or not ep.HasField("reward_spec"),
+        bounded=bounded,
     )
 
 
-def endpoint_message(row: EndpointRow, arms: list[ArmRow]) -> pb.Endpoint:
+def endpoint_message(snap: EndpointSnapshot) -> pb.Endpoint:
     msg = pb.Endpoint(
-        name=row.name,
-        description=row.description,
-        policy=pb.PolicySpec(
-            kind=_POLICY_TO_PB.get(row.policy_kind, pb.POLICY_KIND_UNSPECIFIED), exploration_floor=row.exploration_floor
-        ),
+        name=snap.name,
+        description=snap.description,
+        policy=policy_message(snap.policy),
         reward_spec=pb.RewardSpec(
-            signal_weights=row.reward_spec.get("signal_weights", {}), bounded=row.reward_spec.get("bounded", True)
+            signal_weights=snap.reward_spec.get("signal_weights", {}), bounded=snap.reward_spec.get("bounded", True)
         ),
-        incumbent_arm_id=incumbent(arms),
+        incumbent_arm_id=snap.incumbent,
     )
-    msg.created_at.FromDatetime(row.created_at)
-    for a in arms:
+    msg.created_at.FromDatetime(snap.created_at)
+    for i, arm_id in enumerate(snap.arm_ids):
         msg.arms.append(
-            pb.Arm(arm_id=a.arm_id, params=struct(a.params), status=_STATUS_TO_PB[a.status], traffic_cap=a.traffic_cap)
+            pb.Arm(
+                arm_id=arm_id,
+                params=struct(snap.params[i]),
+                status=_STATUS_TO_PB[snap.statuses[i]],
+                traffic_cap=float(snap.caps[i]),
+            )
         )
-        msg.stats.append(arm_stats(a))
+        msg.stats.append(arm_stats(snap, i))
     return msg
 
 
-def arm_stats(a: ArmRow) -> pb.ArmStats:
-    s = policy.summarize(a.alpha, a.beta)
+def arm_stats(snap: EndpointSnapshot, i: int) -> pb.ArmStats:
+    w, s = float(snap.stats.w[i]), float(snap.stats.s[i])
     return pb.ArmStats(
-        arm_id=a.arm_id,
-        pulls=a.pulls,
-        alpha=a.alpha,
-        beta=a.beta,
-        mean=s.mean,
-        ci_low=s.ci_low,
-        ci_high=s.ci_high,
-        reward_sum=a.reward_sum,
+        arm_id=snap.arm_ids[i],
+        pulls=int(snap.pulls[i]),
+        alpha=1.0 + s,
+        beta=1.0 + max(w - s, 0.0),
+        mean=float(snap.means[i]),
+        ci_low=float(snap.ci_low[i]),
+        ci_high=float(snap.ci_high[i]),
+        reward_sum=float(snap.reward_sums[i]),
+        selection_probability=float(snap.probabilities[i]),
+        probability_best=float(snap.probability_best[i]),
+        effective_pulls=w,
     )

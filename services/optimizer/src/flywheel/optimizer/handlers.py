@@ -16,7 +16,8 @@ log = get_logger(__name__)
 
 
 class FeedbackHandler:
-    """Applies feedback events to posteriors; invalid or unknown feedback is dead-lettered."""
+    """Applies feedback events to posteriors. Invalid, unknown or expired feedback is
+    dead-lettered; feedback for a decision not flushed yet is retried (Unavailable)."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], window: timedelta) -> None:
         self._sessions = sessions

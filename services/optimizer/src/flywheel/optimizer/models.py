@@ -1,11 +1,34 @@
-"""Optimizer tables: endpoints, arms with their posteriors, decisions, applied feedback."""
+"""Optimizer tables.
+
+- ``endpoints``: a decision point, its policy (JSON of the PolicySpec) and reward spec.
+- ``arms``: its arms with status, traffic cap and all-time counters.
+- ``arm_stats``: additive sufficient statistics of each arm's posterior, per segment
+  ('' is endpoint-wide) and per time bucket (0 unless the endpoint has a sliding window):
+  effective count ``w``, reward sum ``s``, sum of squares ``ss`` and, for linear Thompson
+  sampling, ``xtx``/``xty``. Discounted endpoints store them as of ``as_of`` and decay them
+  on every update. They only ever change by SQL increments (no read-modify-write).
+- ``decisions``: every Select, with the propensity of the chosen arm (for OPE).
+- ``applied_feedback``: one row per applied event id; it makes feedback exactly-once.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKeyConstraint, Integer, String, func
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.core.db import Base
@@ -21,15 +44,17 @@ class EndpointRow(OptimizerBase):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     description: Mapped[str] = mapped_column(String, default="")
     policy_kind: Mapped[str] = mapped_column(String(32))
-    exploration_floor: Mapped[float] = mapped_column(Float, default=0.0)
+    # The rest of the PolicySpec (floor, half-life, window, segments, stickiness, features, rules).
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
     # {"signal_weights": {...}, "bounded": true}
     reward_spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Remembered so the stability rule can keep it; '' when none.
+    incumbent_arm_id: Mapped[str] = mapped_column(String(128), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class ArmRow(OptimizerBase):
-    """An arm and its Beta posterior; counters change only by atomic increments."""
-
     __tablename__ = "arms"
     __table_args__ = (ForeignKeyConstraint(["endpoint"], ["endpoints.name"], ondelete="CASCADE"),)
 
@@ -40,28 +65,56 @@ class ArmRow(OptimizerBase):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16))
     traffic_cap: Mapped[float] = mapped_column(Float, default=1.0)
-    alpha: Mapped[float] = mapped_column(Float, default=1.0)
-    beta: Mapped[float] = mapped_column(Float, default=1.0)
-    pulls: Mapped[int] = mapped_column(Integer, default=0)
+    # All-time counters, never discounted.
+    pulls: Mapped[int] = mapped_column(BigInteger, default=0)
     reward_sum: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ArmStatsRow(OptimizerBase):
+    __tablename__ = "arm_stats"
+    __table_args__ = (
+        ForeignKeyConstraint(["endpoint", "arm_id"], ["arms.endpoint", "arms.arm_id"], ondelete="CASCADE"),
+    )
+
+    endpoint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    arm_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    segment: Mapped[str] = mapped_column(String(256), primary_key=True, default="")
+    # Start of the time bucket (epoch seconds) for windowed endpoints, else 0.
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True, default=0)
+    w: Mapped[float] = mapped_column(Float, default=0.0)
+    s: Mapped[float] = mapped_column(Float, default=0.0)
+    ss: Mapped[float] = mapped_column(Float, default=0.0)
+    xtx: Mapped[list[float] | None] = mapped_column(ARRAY(Float), nullable=True)
+    xty: Mapped[list[float] | None] = mapped_column(ARRAY(Float), nullable=True)
+    as_of: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class DecisionRow(OptimizerBase):
     __tablename__ = "decisions"
+    __table_args__ = (
+        Index("ix_decisions_endpoint_time", "endpoint", "created_at"),
+        Index("ix_decisions_session", "endpoint", "session_id"),
+    )
 
     decision_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    endpoint: Mapped[str] = mapped_column(String(64), index=True)
+    endpoint: Mapped[str] = mapped_column(String(64))
     arm_id: Mapped[str] = mapped_column(String(128))
     probability: Mapped[float] = mapped_column(Float)
     user_id: Mapped[str] = mapped_column(String(256), default="")
     session_id: Mapped[str] = mapped_column(String(256), default="")
+    segment: Mapped[str] = mapped_column(String(256), default="")
     context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Feature vector used by linear Thompson sampling (None otherwise).
+    features: Mapped[list[float] | None] = mapped_column(ARRAY(Float), nullable=True)
+    # A sticky decision repeats the session's arm; its propensity is 1 and OPE skips it.
+    sticky: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class AppliedFeedbackRow(OptimizerBase):
-    """One row per applied feedback event: the primary key is what makes updates exactly-once."""
+    """One row per applied feedback event: the primary key makes updates exactly-once."""
 
     __tablename__ = "applied_feedback"
 

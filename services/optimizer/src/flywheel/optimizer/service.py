@@ -1,215 +1,124 @@
-"""Optimizer domain operations. Keyword-only functions that take the session explicitly;
-they raise flywheel.core.errors exceptions, never touch gRPC or NATS."""
+"""Optimizer domain operations on PostgreSQL: endpoint administration and feedback.
+
+Keyword-only functions that take the session explicitly and raise flywheel.core.errors
+exceptions; they never touch gRPC or NATS. Selection lives in selector.py (hot path).
+"""
 
 from __future__ import annotations
 
 import math
-import re
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import numpy as np
-from sqlalchemy import select as sql_select
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from flywheel.core.errors import AlreadyExists, InvalidArgument, NotFound
-from flywheel.optimizer import policy
+from flywheel.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from flywheel.optimizer import stats
+from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.models import AppliedFeedbackRow, ArmRow, DecisionRow, EndpointRow
+from flywheel.optimizer.rewards import combine_reward
+from flywheel.optimizer.spec import (
+    ACTIVE,
+    CANARY,
+    RETIRED,
+    ArmSpec,
+    EndpointSpec,
+    PolicyConfig,
+    check_arm,
+    validate_endpoint,
+)
 
-ENDPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-ARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-ACTIVE, CANARY, RETIRED = "active", "canary", "retired"
-POLICIES = {"thompson_beta"}
-
-
-@dataclass(frozen=True)
-class ArmSpec:
-    arm_id: str
-    params: dict[str, Any]
-    status: str = ACTIVE
-    traffic_cap: float = 1.0
-
-
-@dataclass(frozen=True)
-class EndpointSpec:
-    name: str
-    arms: list[ArmSpec]
-    description: str = ""
-    policy_kind: str = "thompson_beta"
-    exploration_floor: float = 0.0
-    signal_weights: dict[str, float] = field(default_factory=dict)
-    bounded: bool = True
-
-
-@dataclass(frozen=True)
-class Decision:
-    decision_id: str
-    endpoint: str
-    arm_id: str
-    params: dict[str, Any]
-    probability: float
+# Feedback for a decision younger than this that is not in the log yet is retried, not
+# rejected: the deciding replica may not have flushed it.
+DECISION_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
 class FeedbackOutcome:
     applied: bool
-    arm: ArmRow
+    endpoint: str
+    arm_id: str
+    reward: float
 
 
-def _check_arm(arm: ArmSpec) -> None:
-    if not ARM_ID.fullmatch(arm.arm_id):
-        raise InvalidArgument(f"arm_id {arm.arm_id!r} must be 1-128 chars of [A-Za-z0-9_.-]")
-    if arm.status not in (ACTIVE, CANARY):
-        raise InvalidArgument(f"arm {arm.arm_id!r}: a new arm is active or canary, not {arm.status!r}")
-    if not 0 < arm.traffic_cap <= 1:
-        raise InvalidArgument(f"arm {arm.arm_id!r}: traffic_cap must be in (0, 1]")
-
-
-def validate_endpoint(spec: EndpointSpec) -> None:
-    if not ENDPOINT_NAME.fullmatch(spec.name):
-        raise InvalidArgument(f"endpoint name {spec.name!r} must be 1-64 chars of [A-Za-z0-9_-]")
-    if not spec.arms:
-        raise InvalidArgument(f"endpoint {spec.name!r} needs at least one arm")
-    ids = [a.arm_id for a in spec.arms]
-    if len(set(ids)) != len(ids):
-        raise InvalidArgument(f"endpoint {spec.name!r} has duplicate arm ids")
-    for arm in spec.arms:
-        _check_arm(arm)
-    if spec.policy_kind not in POLICIES:
-        raise InvalidArgument(f"policy {spec.policy_kind!r} is not available; use one of {sorted(POLICIES)}")
-    if spec.policy_kind == "thompson_beta" and not spec.bounded:
-        raise InvalidArgument("thompson_beta needs bounded rewards in [0, 1]")
-    if not 0 <= spec.exploration_floor * len(spec.arms) <= 1:
-        raise InvalidArgument("exploration_floor times the number of arms must be within [0, 1]")
-    if any(not math.isfinite(w) or w < 0 for w in spec.signal_weights.values()):
-        raise InvalidArgument("signal weights must be finite and non-negative")
-
-
-async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> EndpointRow:
+async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
     validate_endpoint(spec)
     if await session.get(EndpointRow, spec.name) is not None:
         raise AlreadyExists(f"endpoint {spec.name!r} already exists")
-    row = EndpointRow(
-        name=spec.name,
-        description=spec.description,
-        policy_kind=spec.policy_kind,
-        exploration_floor=spec.exploration_floor,
-        reward_spec={"signal_weights": spec.signal_weights, "bounded": spec.bounded},
-    )
-    session.add(row)
-    await session.flush()
-    session.add_all(
-        ArmRow(
-            endpoint=spec.name,
-            arm_id=a.arm_id,
-            position=i,
-            params=a.params,
-            status=a.status,
-            traffic_cap=a.traffic_cap,
-            alpha=1.0,
-            beta=1.0,
-            pulls=0,
-            reward_sum=0.0,
+    policy = spec.policy.to_json()
+    kind = policy.pop("kind")
+    session.add(
+        EndpointRow(
+            name=spec.name,
+            description=spec.description,
+            policy_kind=kind,
+            policy=policy,
+            reward_spec={"signal_weights": spec.signal_weights, "bounded": spec.bounded},
+            incumbent_arm_id="",
         )
-        for i, a in enumerate(spec.arms)
     )
+    await session.flush()
+    session.add_all(_arm_row(spec.name, i, a) for i, a in enumerate(spec.arms))
     await session.commit()
-    return row
 
 
-async def get_endpoint(session: AsyncSession, *, name: str) -> tuple[EndpointRow, list[ArmRow]]:
+def _arm_row(endpoint: str, position: int, arm: ArmSpec) -> ArmRow:
+    return ArmRow(
+        endpoint=endpoint,
+        arm_id=arm.arm_id,
+        position=position,
+        params=arm.params,
+        status=arm.status,
+        traffic_cap=arm.traffic_cap,
+        pulls=0,
+        reward_sum=0.0,
+    )
+
+
+async def endpoint_rows(session: AsyncSession, *, name: str) -> tuple[EndpointRow, list[ArmRow]]:
     if not name:
         raise InvalidArgument("endpoint name is empty")
     row = await session.get(EndpointRow, name)
     if row is None:
         raise NotFound(f"endpoint {name!r} does not exist")
-    arms = (await session.scalars(sql_select(ArmRow).where(ArmRow.endpoint == name).order_by(ArmRow.position))).all()
+    arms = (await session.scalars(select(ArmRow).where(ArmRow.endpoint == name).order_by(ArmRow.position))).all()
     return row, list(arms)
 
 
-async def list_endpoints(session: AsyncSession) -> list[tuple[EndpointRow, list[ArmRow]]]:
-    names = (await session.scalars(sql_select(EndpointRow.name).order_by(EndpointRow.name))).all()
-    return [await get_endpoint(session, name=n) for n in names]
+async def endpoint_names(session: AsyncSession) -> list[str]:
+    return list((await session.scalars(select(EndpointRow.name).order_by(EndpointRow.name))).all())
 
 
 async def add_arm(session: AsyncSession, *, endpoint: str, arm: ArmSpec) -> None:
-    _, arms = await get_endpoint(session, name=endpoint)
-    _check_arm(arm)
-    if await session.get(ArmRow, (endpoint, arm.arm_id)) is not None:
+    _, arms = await endpoint_rows(session, name=endpoint)
+    check_arm(arm)
+    if any(a.arm_id == arm.arm_id for a in arms):
         raise AlreadyExists(f"arm {arm.arm_id!r} already exists in {endpoint!r}")
-    session.add(
-        ArmRow(
-            endpoint=endpoint,
-            arm_id=arm.arm_id,
-            position=len(arms),
-            params=arm.params,
-            status=arm.status,
-            traffic_cap=arm.traffic_cap,
-            alpha=1.0,
-            beta=1.0,
-            pulls=0,
-            reward_sum=0.0,
-        )
-    )
+    session.add(_arm_row(endpoint, len(arms), arm))
     await session.commit()
 
 
-async def retire_arm(session: AsyncSession, *, endpoint: str, arm_id: str) -> None:
-    _, arms = await get_endpoint(session, name=endpoint)
+async def set_arm_status(session: AsyncSession, *, endpoint: str, arm_id: str, status: str) -> None:
+    """Retire an arm, or promote a canary to active (the caller commits)."""
+    _, arms = await endpoint_rows(session, name=endpoint)
     if arm_id not in {a.arm_id for a in arms}:
         raise NotFound(f"arm {arm_id!r} does not exist in {endpoint!r}")
-    if all(a.status == RETIRED or a.arm_id == arm_id for a in arms):
-        raise InvalidArgument(f"cannot retire {arm_id!r}: it is the last selectable arm of {endpoint!r}")
+    if status == RETIRED and all(a.status in (RETIRED, CANARY) or a.arm_id == arm_id for a in arms):
+        raise InvalidArgument(f"cannot retire {arm_id!r}: it is the last active arm of {endpoint!r}")
+    if status not in (ACTIVE, RETIRED):
+        raise InvalidArgument(f"an arm can be set active or retired, not {status!r}")
     await session.execute(
-        update(ArmRow).where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id).values(status=RETIRED)
+        update(ArmRow)
+        .where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id)
+        .values(status=status, updated_at=datetime.now(UTC))
     )
-    await session.commit()
 
 
-def incumbent(arms: list[ArmRow], *, min_pulls: int = 10) -> str:
-    """The selectable arm with the best posterior mean among those with enough evidence."""
-    ranked = [a for a in arms if a.status != RETIRED and a.pulls >= min_pulls]
-    if not ranked:
-        return ""
-    return max(ranked, key=lambda a: a.alpha / (a.alpha + a.beta)).arm_id
-
-
-async def select(
-    session: AsyncSession,
-    *,
-    endpoint: str,
-    user_id: str,
-    session_id: str,
-    context: dict[str, Any],
-    rng: np.random.Generator,
-) -> Decision:
-    """Thompson-sample an arm, log the decision, and return it."""
-    row, arms = await get_endpoint(session, name=endpoint)
-    live = [a for a in arms if a.status != RETIRED]
-    chosen, probability = policy.choose(
-        np.array([a.alpha for a in live]), np.array([a.beta for a in live]), rng, row.exploration_floor
-    )
-    arm = live[chosen]
-    decision = Decision(
-        decision_id=uuid.uuid4().hex, endpoint=endpoint, arm_id=arm.arm_id, params=arm.params, probability=probability
-    )
-    session.add(
-        DecisionRow(
-            decision_id=decision.decision_id,
-            endpoint=endpoint,
-            arm_id=arm.arm_id,
-            probability=probability,
-            user_id=user_id,
-            session_id=session_id,
-            context=context,
-        )
-    )
-    await session.commit()
-    return decision
+async def set_incumbent(session: AsyncSession, *, endpoint: str, arm_id: str) -> None:
+    """Remember the incumbent chosen by the stability rule (the caller commits)."""
+    await session.execute(update(EndpointRow).where(EndpointRow.name == endpoint).values(incumbent_arm_id=arm_id))
 
 
 async def apply_feedback(
@@ -223,25 +132,28 @@ async def apply_feedback(
 ) -> FeedbackOutcome:
     """Apply one feedback event to its arm's posterior, at most once per event id.
 
-    The dedup row and the counter increments commit in one transaction, and counters
-    change by ``x = x + r`` in SQL, so concurrent replicas never lose an update.
+    The dedup row and the statistics increments commit in one transaction, and every
+    counter changes by ``x = x + r`` in SQL, so concurrent replicas never lose an update.
     """
     if not event_id:
         raise InvalidArgument("feedback has no event id (meta.event_id / feedback_id)")
     if not decision_id:
         raise InvalidArgument("feedback has no decision_id")
-    values = [reward] if reward is not None else []
-    if any(not math.isfinite(v) for v in [*values, *signals.values()]):
+    if any(not math.isfinite(v) for v in [*([reward] if reward is not None else []), *signals.values()]):
         raise InvalidArgument("reward and signals must be finite numbers")
     decision = await session.get(DecisionRow, decision_id)
     if decision is None:
-        raise NotFound(f"decision {decision_id!r} is unknown")
+        age = decision_age_s(decision_id)
+        if age is not None and age < DECISION_GRACE_S:
+            raise Unavailable(f"decision {decision_id!r} is not logged yet; retry shortly")
+        raise NotFound(f"decision {decision_id!r} is unknown (never logged, or from another deployment)")
     if datetime.now(UTC) - decision.created_at > window:
         raise InvalidArgument(f"decision {decision_id!r} is older than the feedback window ({window})")
     endpoint = await session.get(EndpointRow, decision.endpoint)
-    assert endpoint is not None  # decisions are only written for existing endpoints
+    if endpoint is None:
+        raise NotFound(f"endpoint {decision.endpoint!r} of decision {decision_id!r} no longer exists")
     try:
-        value = policy.combine_reward(reward, signals, endpoint.reward_spec.get("signal_weights", {}))
+        value = combine_reward(reward, signals, endpoint.reward_spec.get("signal_weights", {}))
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     if endpoint.reward_spec.get("bounded", True):
@@ -255,17 +167,20 @@ async def apply_feedback(
     )
     applied = inserted.first() is not None
     if applied:
+        policy = PolicyConfig.from_json({"kind": endpoint.policy_kind, **endpoint.policy})
+        await stats.add_reward(
+            session,
+            endpoint=decision.endpoint,
+            arm_id=decision.arm_id,
+            segments=[decision.segment] if decision.segment else [],
+            policy=policy,
+            reward=value,
+            features=decision.features,
+        )
         await session.execute(
             update(ArmRow)
             .where(ArmRow.endpoint == decision.endpoint, ArmRow.arm_id == decision.arm_id)
-            .values(
-                alpha=ArmRow.alpha + value,
-                beta=ArmRow.beta + (1 - value),
-                pulls=ArmRow.pulls + 1,
-                reward_sum=ArmRow.reward_sum + value,
-            )
+            .values(pulls=ArmRow.pulls + 1, reward_sum=ArmRow.reward_sum + value)
         )
     await session.commit()
-    arm = await session.get(ArmRow, (decision.endpoint, decision.arm_id), populate_existing=True)
-    assert arm is not None
-    return FeedbackOutcome(applied=applied, arm=arm)
+    return FeedbackOutcome(applied=applied, endpoint=decision.endpoint, arm_id=decision.arm_id, reward=value)

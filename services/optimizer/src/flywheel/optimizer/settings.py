@@ -13,5 +13,11 @@ class OptimizerSettings(ServiceSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
     db: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]
-    # Feedback older than this after its decision is dead-lettered as expired.
+    # Feedback later than this after its decision is dead-lettered as expired.
     feedback_window_s: float = Field(7 * 24 * 3600, gt=0)
+    # How often each replica reloads posteriors: the bound on how far replicas disagree.
+    refresh_interval_s: float = Field(0.5, gt=0, le=60)
+    # How often buffered decisions are written and published.
+    decision_flush_interval_s: float = Field(0.02, gt=0, le=5)
+    # How often the elected replica judges incumbents and canaries.
+    lifecycle_interval_s: float = Field(2.0, gt=0)

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)flywheel/api/optimizer/v1/endpoints.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n\x03\x41rm\x12\x0e\n\x06\x61rm_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x34\n\x06status\x18\x03 \x01(\x0e\x32$.flywheel.api.optimizer.v1.ArmStatus\x12\x13\n\x0btraffic_cap\x18\x04 \x01(\x01\"\x89\x01\n\x08\x41rmStats\x12\x0e\n\x06\x61rm_id\x18\x01 \x01(\t\x12\r\n\x05pulls\x18\x02 \x01(\x03\x12\r\n\x05\x61lpha\x18\x03 \x01(\x01\x12\x0c\n\x04\x62\x65ta\x18\x04 \x01(\x01\x12\x0c\n\x04mean\x18\x05 \x01(\x01\x12\x0e\n\x06\x63i_low\x18\x06 \x01(\x01\x12\x0f\n\x07\x63i_high\x18\x07 \x01(\x01\x12\x12\n\nreward_sum\x18\x08 \x01(\x01\"\xa5\x01\n\nRewardSpec\x12P\n\x0esignal_weights\x18\x01 \x03(\x0b\x32\x38.flywheel.api.optimizer.v1.RewardSpec.SignalWeightsEntry\x12\x0f\n\x07\x62ounded\x18\x02 \x01(\x08\x1a\x34\n\x12SignalWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\\\n\nPolicySpec\x12\x33\n\x04kind\x18\x01 \x01(\x0e\x32%.flywheel.api.optimizer.v1.PolicyKind\x12\x19\n\x11\x65xploration_floor\x18\x02 \x01(\x01\"\xcc\x02\n\x08\x45ndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12,\n\x04\x61rms\x18\x03 \x03(\x0b\x32\x1e.flywheel.api.optimizer.v1.Arm\x12:\n\x0breward_spec\x18\x04 \x01(\x0b\x32%.flywheel.api.optimizer.v1.RewardSpec\x12\x35\n\x06policy\x18\x05 \x01(\x0b\x32%.flywheel.api.optimizer.v1.PolicySpec\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.flywheel.api.optimizer.v1.ArmStats\x12\x18\n\x10incumbent_arm_id\x18\x08 \x01(\t*m\n\tArmStatus\x12\x1a\n\x16\x41RM_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41RM_STATUS_ACTIVE\x10\x01\x12\x15\n\x11\x41RM_STATUS_CANARY\x10\x02\x12\x16\n\x12\x41RM_STATUS_RETIRED\x10\x03*\x8c\x01\n\nPolicyKind\x12\x1b\n\x17POLICY_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19POLICY_KIND_THOMPSON_BETA\x10\x01\x12!\n\x1dPOLICY_KIND_THOMPSON_GAUSSIAN\x10\x02\x12\x1f\n\x1bPOLICY_KIND_LINEAR_THOMPSON\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)flywheel/api/optimizer/v1/endpoints.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n\x03\x41rm\x12\x0e\n\x06\x61rm_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x34\n\x06status\x18\x03 \x01(\x0e\x32$.flywheel.api.optimizer.v1.ArmStatus\x12\x13\n\x0btraffic_cap\x18\x04 \x01(\x01\"\xdb\x01\n\x08\x41rmStats\x12\x0e\n\x06\x61rm_id\x18\x01 \x01(\t\x12\r\n\x05pulls\x18\x02 \x01(\x03\x12\r\n\x05\x61lpha\x18\x03 \x01(\x01\x12\x0c\n\x04\x62\x65ta\x18\x04 \x01(\x01\x12\x0c\n\x04mean\x18\x05 \x01(\x01\x12\x0e\n\x06\x63i_low\x18\x06 \x01(\x01\x12\x0f\n\x07\x63i_high\x18\x07 \x01(\x01\x12\x12\n\nreward_sum\x18\x08 \x01(\x01\x12\x1d\n\x15selection_probability\x18\t \x01(\x01\x12\x18\n\x10probability_best\x18\n \x01(\x01\x12\x17\n\x0f\x65\x66\x66\x65\x63tive_pulls\x18\x0b \x01(\x01\"R\n\rIncumbentRule\x12\x11\n\tmin_pulls\x18\x01 \x01(\x03\x12\x1a\n\x12max_interval_width\x18\x02 \x01(\x01\x12\x12\n\nmin_margin\x18\x03 \x01(\x01\"X\n\nCanaryRule\x12\x11\n\tmin_pulls\x18\x01 \x01(\x03\x12\x1b\n\x13promote_probability\x18\x02 \x01(\x01\x12\x1a\n\x12retire_probability\x18\x03 \x01(\x01\"\xa5\x01\n\nRewardSpec\x12P\n\x0esignal_weights\x18\x01 \x03(\x0b\x32\x38.flywheel.api.optimizer.v1.RewardSpec.SignalWeightsEntry\x12\x0f\n\x07\x62ounded\x18\x02 \x01(\x08\x1a\x34\n\x12SignalWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8b\x03\n\nPolicySpec\x12\x33\n\x04kind\x18\x01 \x01(\x0e\x32%.flywheel.api.optimizer.v1.PolicyKind\x12\x19\n\x11\x65xploration_floor\x18\x02 \x01(\x01\x12\x13\n\x0bhalf_life_s\x18\x03 \x01(\x01\x12\x10\n\x08window_s\x18\x04 \x01(\x01\x12\x13\n\x0bsegment_key\x18\x05 \x01(\t\x12\x1e\n\x16segment_prior_strength\x18\x06 \x01(\x01\x12\x17\n\x0fsticky_sessions\x18\x07 \x01(\x08\x12\x14\n\x0csticky_ttl_s\x18\x08 \x01(\x01\x12\x18\n\x10\x63ontext_features\x18\t \x03(\t\x12\x14\n\x0cridge_lambda\x18\n \x01(\x01\x12;\n\tincumbent\x18\x0b \x01(\x0b\x32(.flywheel.api.optimizer.v1.IncumbentRule\x12\x35\n\x06\x63\x61nary\x18\x0c \x01(\x0b\x32%.flywheel.api.optimizer.v1.CanaryRule\"\xcc\x02\n\x08\x45ndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12,\n\x04\x61rms\x18\x03 \x03(\x0b\x32\x1e.flywheel.api.optimizer.v1.Arm\x12:\n\x0breward_spec\x18\x04 \x01(\x0b\x32%.flywheel.api.optimizer.v1.RewardSpec\x12\x35\n\x06policy\x18\x05 \x01(\x0b\x32%.flywheel.api.optimizer.v1.PolicySpec\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.flywheel.api.optimizer.v1.ArmStats\x12\x18\n\x10incumbent_arm_id\x18\x08 \x01(\t*m\n\tArmStatus\x12\x1a\n\x16\x41RM_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41RM_STATUS_ACTIVE\x10\x01\x12\x15\n\x11\x41RM_STATUS_CANARY\x10\x02\x12\x16\n\x12\x41RM_STATUS_RETIRED\x10\x03*\x8c\x01\n\nPolicyKind\x12\x1b\n\x17POLICY_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19POLICY_KIND_THOMPSON_BETA\x10\x01\x12!\n\x1dPOLICY_KIND_THOMPSON_GAUSSIAN\x10\x02\x12\x1f\n\x1bPOLICY_KIND_LINEAR_THOMPSON\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,20 +35,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REWARDSPEC_SIGNALWEIGHTSENTRY']._loaded_options = None
   _globals['_REWARDSPEC_SIGNALWEIGHTSENTRY']._serialized_options = b'8\001'
-  _globals['_ARMSTATUS']._serialized_start=1012
-  _globals['_ARMSTATUS']._serialized_end=1121
-  _globals['_POLICYKIND']._serialized_start=1124
-  _globals['_POLICYKIND']._serialized_end=1264
+  _globals['_ARMSTATUS']._serialized_start=1572
+  _globals['_ARMSTATUS']._serialized_end=1681
+  _globals['_POLICYKIND']._serialized_start=1684
+  _globals['_POLICYKIND']._serialized_end=1824
   _globals['_ARM']._serialized_start=136
   _globals['_ARM']._serialized_end=273
   _globals['_ARMSTATS']._serialized_start=276
-  _globals['_ARMSTATS']._serialized_end=413
-  _globals['_REWARDSPEC']._serialized_start=416
-  _globals['_REWARDSPEC']._serialized_end=581
-  _globals['_REWARDSPEC_SIGNALWEIGHTSENTRY']._serialized_start=529
-  _globals['_REWARDSPEC_SIGNALWEIGHTSENTRY']._serialized_end=581
-  _globals['_POLICYSPEC']._serialized_start=583
-  _globals['_POLICYSPEC']._serialized_end=675
-  _globals['_ENDPOINT']._serialized_start=678
-  _globals['_ENDPOINT']._serialized_end=1010
+  _globals['_ARMSTATS']._serialized_end=495
+  _globals['_INCUMBENTRULE']._serialized_start=497
+  _globals['_INCUMBENTRULE']._serialized_end=579
+  _globals['_CANARYRULE']._serialized_start=581
+  _globals['_CANARYRULE']._serialized_end=669
+  _globals['_REWARDSPEC']._serialized_start=672
+  _globals['_REWARDSPEC']._serialized_end=837
+  _globals['_REWARDSPEC_SIGNALWEIGHTSENTRY']._serialized_start=785
+  _globals['_REWARDSPEC_SIGNALWEIGHTSENTRY']._serialized_end=837
+  _globals['_POLICYSPEC']._serialized_start=840
+  _globals['_POLICYSPEC']._serialized_end=1235
+  _globals['_ENDPOINT']._serialized_start=1238
+  _globals['_ENDPOINT']._serialized_end=1570
 # @@protoc_insertion_point(module_scope)

@@ -110,7 +110,7 @@ Global___Arm: _TypeAlias = Arm  # noqa: Y015
 
 @_typing.final
 class ArmStats(_message.Message):
-    """Posterior summary of one arm."""
+    """Posterior summary of one arm (endpoint-wide; segments are not listed)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -122,18 +122,27 @@ class ArmStats(_message.Message):
     CI_LOW_FIELD_NUMBER: _builtins.int
     CI_HIGH_FIELD_NUMBER: _builtins.int
     REWARD_SUM_FIELD_NUMBER: _builtins.int
+    SELECTION_PROBABILITY_FIELD_NUMBER: _builtins.int
+    PROBABILITY_BEST_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_PULLS_FIELD_NUMBER: _builtins.int
     arm_id: _builtins.str
     pulls: _builtins.int
-    """Number of rewards applied."""
+    """Number of rewards applied (all time, undiscounted)."""
     alpha: _builtins.float
-    """Beta posterior parameters (prior Beta(1,1))."""
+    """Beta posterior parameters (prior Beta(1,1)), after discounting or windowing."""
     beta: _builtins.float
     mean: _builtins.float
-    """Posterior mean and 95% interval."""
+    """Posterior mean of the reward and its 95% interval."""
     ci_low: _builtins.float
     ci_high: _builtins.float
     reward_sum: _builtins.float
-    """Sum of applied rewards."""
+    """Sum of applied rewards (all time)."""
+    selection_probability: _builtins.float
+    """Probability the policy currently gives this arm for a request without context."""
+    probability_best: _builtins.float
+    """Posterior probability that this arm has the highest mean."""
+    effective_pulls: _builtins.float
+    """Effective evidence after discounting or windowing (equals pulls when neither is set)."""
     def __init__(
         self,
         *,
@@ -145,14 +154,79 @@ class ArmStats(_message.Message):
         ci_low: _builtins.float = ...,
         ci_high: _builtins.float = ...,
         reward_sum: _builtins.float = ...,
+        selection_probability: _builtins.float = ...,
+        probability_best: _builtins.float = ...,
+        effective_pulls: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "arm_id", b"arm_id", "beta", b"beta", "ci_high", b"ci_high", "ci_low", b"ci_low", "mean", b"mean", "pulls", b"pulls", "reward_sum", b"reward_sum"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "arm_id", b"arm_id", "beta", b"beta", "ci_high", b"ci_high", "ci_low", b"ci_low", "effective_pulls", b"effective_pulls", "mean", b"mean", "probability_best", b"probability_best", "pulls", b"pulls", "reward_sum", b"reward_sum", "selection_probability", b"selection_probability"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ArmStats: _TypeAlias = ArmStats  # noqa: Y015
+
+@_typing.final
+class IncumbentRule(_message.Message):
+    """When the reported incumbent changes (The Convergence's stability rule): a challenger
+    replaces it only with enough evidence, a narrow interval and a real margin.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_PULLS_FIELD_NUMBER: _builtins.int
+    MAX_INTERVAL_WIDTH_FIELD_NUMBER: _builtins.int
+    MIN_MARGIN_FIELD_NUMBER: _builtins.int
+    min_pulls: _builtins.int
+    """Minimum pulls before an arm can be incumbent (default 10)."""
+    max_interval_width: _builtins.float
+    """The incumbent is kept while its 95% interval is narrower than this (default 0.2)..."""
+    min_margin: _builtins.float
+    """...and no challenger beats its mean by at least this much (default 0.1)."""
+    def __init__(
+        self,
+        *,
+        min_pulls: _builtins.int = ...,
+        max_interval_width: _builtins.float = ...,
+        min_margin: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_interval_width", b"max_interval_width", "min_margin", b"min_margin", "min_pulls", b"min_pulls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncumbentRule: _TypeAlias = IncumbentRule  # noqa: Y015
+
+@_typing.final
+class CanaryRule(_message.Message):
+    """How a canary arm is promoted to active or retired, judged by its posterior."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_PULLS_FIELD_NUMBER: _builtins.int
+    PROMOTE_PROBABILITY_FIELD_NUMBER: _builtins.int
+    RETIRE_PROBABILITY_FIELD_NUMBER: _builtins.int
+    min_pulls: _builtins.int
+    """Minimum pulls of the canary before a verdict (default 30)."""
+    promote_probability: _builtins.float
+    """Promote when P(canary mean > incumbent mean) reaches this (default 0.95)."""
+    retire_probability: _builtins.float
+    """Retire when that probability falls to this (default 0.05)."""
+    def __init__(
+        self,
+        *,
+        min_pulls: _builtins.int = ...,
+        promote_probability: _builtins.float = ...,
+        retire_probability: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_pulls", b"min_pulls", "promote_probability", b"promote_probability", "retire_probability", b"retire_probability"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryRule: _TypeAlias = CanaryRule  # noqa: Y015
 
 @_typing.final
 class RewardSpec(_message.Message):
@@ -204,24 +278,69 @@ Global___RewardSpec: _TypeAlias = RewardSpec  # noqa: Y015
 
 @_typing.final
 class PolicySpec(_message.Message):
-    """Selection policy and its knobs."""
+    """Selection policy and its knobs. Zero values mean "off" or "the default"."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
     EXPLORATION_FLOOR_FIELD_NUMBER: _builtins.int
+    HALF_LIFE_S_FIELD_NUMBER: _builtins.int
+    WINDOW_S_FIELD_NUMBER: _builtins.int
+    SEGMENT_KEY_FIELD_NUMBER: _builtins.int
+    SEGMENT_PRIOR_STRENGTH_FIELD_NUMBER: _builtins.int
+    STICKY_SESSIONS_FIELD_NUMBER: _builtins.int
+    STICKY_TTL_S_FIELD_NUMBER: _builtins.int
+    CONTEXT_FEATURES_FIELD_NUMBER: _builtins.int
+    RIDGE_LAMBDA_FIELD_NUMBER: _builtins.int
+    INCUMBENT_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     kind: Global___PolicyKind.ValueType
     exploration_floor: _builtins.float
     """Minimum probability every active arm keeps (0 disables)."""
+    half_life_s: _builtins.float
+    """Drift: evidence loses half its weight every half_life_s seconds (0 disables)."""
+    window_s: _builtins.float
+    """Drift: only feedback from the last window_s seconds counts (0 disables).
+    At most one of half_life_s and window_s may be set.
+    """
+    segment_key: _builtins.str
+    """Per-segment posteriors: the context key naming the segment ("user_id" means the
+    request's user). Empty disables. A segment borrows the endpoint's posterior as its
+    prior, worth at most segment_prior_strength pulls (default 10).
+    """
+    segment_prior_strength: _builtins.float
+    sticky_sessions: _builtins.bool
+    """A session keeps the arm of its first decision for sticky_ttl_s seconds (default 1800)."""
+    sticky_ttl_s: _builtins.float
+    ridge_lambda: _builtins.float
+    """Ridge prior precision of linear Thompson sampling (default 1)."""
+    @_builtins.property
+    def context_features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Contextual endpoints (POLICY_KIND_LINEAR_THOMPSON): numeric context features, in order."""
+
+    @_builtins.property
+    def incumbent(self) -> Global___IncumbentRule: ...
+    @_builtins.property
+    def canary(self) -> Global___CanaryRule: ...
     def __init__(
         self,
         *,
         kind: Global___PolicyKind.ValueType = ...,
         exploration_floor: _builtins.float = ...,
+        half_life_s: _builtins.float = ...,
+        window_s: _builtins.float = ...,
+        segment_key: _builtins.str = ...,
+        segment_prior_strength: _builtins.float = ...,
+        sticky_sessions: _builtins.bool = ...,
+        sticky_ttl_s: _builtins.float = ...,
+        context_features: _abc.Iterable[_builtins.str] | None = ...,
+        ridge_lambda: _builtins.float = ...,
+        incumbent: Global___IncumbentRule | None = ...,
+        canary: Global___CanaryRule | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "incumbent", b"incumbent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exploration_floor", b"exploration_floor", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "context_features", b"context_features", "exploration_floor", b"exploration_floor", "half_life_s", b"half_life_s", "incumbent", b"incumbent", "kind", b"kind", "ridge_lambda", b"ridge_lambda", "segment_key", b"segment_key", "segment_prior_strength", b"segment_prior_strength", "sticky_sessions", b"sticky_sessions", "sticky_ttl_s", b"sticky_ttl_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,118 @@
+"""In-memory snapshots of every endpoint, refreshed from PostgreSQL on an interval.
+
+Replicas share nothing but the database: each refreshes every ``refresh_interval_s``,
+so two replicas agree on an endpoint's posterior within about that lag. Admin changes
+made through this replica are visible to it at once (the snapshot is reloaded).
+Segment posteriors are loaded on first use and kept for one refresh interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from flywheel.core.errors import NotFound
+from flywheel.core.logging import get_logger
+from flywheel.optimizer import snapshot, stats
+from flywheel.optimizer.models import ArmRow, EndpointRow
+from flywheel.optimizer.posterior import Stats
+from flywheel.optimizer.snapshot import EndpointSnapshot
+from flywheel.optimizer.spec import LINEAR
+
+log = get_logger(__name__)
+
+
+class PosteriorCache:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], *, refresh_interval_s: float = 0.5, max_segments: int = 10_000
+    ) -> None:
+        self._sessions = sessions
+        self._interval = refresh_interval_s
+        self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._segments: OrderedDict[tuple[str, str], tuple[float, Stats]] = OrderedDict()
+        self._max_segments = max_segments
+        self._rng = np.random.default_rng()
+
+    def snapshots(self) -> list[EndpointSnapshot]:
+        return list(self._snapshots.values())
+
+    async def get(self, name: str) -> EndpointSnapshot:
+        """The cached snapshot, loading it on a miss (NotFound if the endpoint does not exist)."""
+        found = self._snapshots.get(name)
+        return found if found is not None else await self.load(name)
+
+    async def load(self, name: str) -> EndpointSnapshot:
+        """Reload one endpoint from the database now."""
+        async with self._sessions() as session:
+            row = await session.get(EndpointRow, name)
+            if row is None:
+                self._snapshots.pop(name, None)
+                raise NotFound(f"endpoint {name!r} does not exist")
+            built = await self._build(session, [row])
+        self._snapshots[name] = built[name]
+        return built[name]
+
+    async def refresh(self) -> None:
+        """Reload every endpoint in one pass (three queries)."""
+        async with self._sessions() as session:
+            rows = list((await session.scalars(select(EndpointRow))).all())
+            built = await self._build(session, rows)
+        self._snapshots = built
+
+    async def run(self) -> None:
+        """Refresh forever (a background task of the service)."""
+        while True:
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - keep serving the last snapshot while PostgreSQL is away
+                log.warning("posterior refresh failed", error=repr(exc))
+            await asyncio.sleep(self._interval)
+
+    async def segment_stats(self, snap: EndpointSnapshot, segment: str) -> Stats:
+        """A segment's statistics with the endpoint's borrowed as its prior."""
+        key = (snap.name, segment)
+        hit = self._segments.get(key)
+        if hit is not None and time.monotonic() - hit[0] < self._interval:
+            self._segments.move_to_end(key)
+            own = hit[1]
+        else:
+            async with self._sessions() as session:
+                rows, now = await stats.load_rows(session, endpoint=snap.name, segment=segment)
+            own = stats.aggregate(snap.policy, snap.arm_ids, rows, now)
+            self._segments[key] = (time.monotonic(), own)
+            if len(self._segments) > self._max_segments:
+                self._segments.popitem(last=False)
+        return own.with_borrowed(snap.stats, snap.policy.segment_prior_strength)
+
+    async def _build(self, session: AsyncSession, rows: list[EndpointRow]) -> dict[str, EndpointSnapshot]:
+        names = [r.name for r in rows]
+        arms = (
+            (
+                await session.scalars(
+                    select(ArmRow).where(ArmRow.endpoint.in_(names)).order_by(ArmRow.endpoint, ArmRow.position)
+                )
+            ).all()
+            if names
+            else []
+        )
+        stat_rows, now = await stats.load_rows(session, endpoint=names[0] if len(names) == 1 else None)
+        by_endpoint: dict[str, list[ArmRow]] = {n: [] for n in names}
+        for arm in arms:
+            by_endpoint[arm.endpoint].append(arm)
+        rows_by_endpoint: dict[str, list[object]] = {n: [] for n in names}
+        for st in stat_rows:
+            if st.endpoint in rows_by_endpoint:
+                rows_by_endpoint[st.endpoint].append(st)
+        out = {}
+        for row in rows:
+            ep_arms = by_endpoint[row.name]
+            snap_policy = snapshot.PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
+            d = len(snap_policy.context_features) if snap_policy.kind == LINEAR else 0
+            agg = stats.aggregate(snap_policy, [a.arm_id for a in ep_arms], rows_by_endpoint[row.name], now, d)
+            out[row.name] = snapshot.build(row=row, arms=ep_arms, stats=agg, now=now, rng=self._rng)
+        return out

@@ -1,0 +1,140 @@
+"""Select: one request in, one decision out, from the cached snapshot (no database
+round trip unless a segment or a session is seen for the first time)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select as sql_select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from flywheel.core.errors import InvalidArgument
+from flywheel.optimizer.cache import PosteriorCache
+from flywheel.optimizer.decisions import Decision, DecisionLog, new_decision_id
+from flywheel.optimizer.models import DecisionRow
+from flywheel.optimizer.policies import selection
+from flywheel.optimizer.snapshot import EndpointSnapshot
+from flywheel.optimizer.spec import LINEAR, RETIRED
+
+
+class StickySessions:
+    """Session -> arm, kept in memory (LRU) and recovered from the decision log on a miss,
+    so a session keeps its arm across replicas."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], max_size: int = 100_000) -> None:
+        self._sessions = sessions
+        self._map: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self._max = max_size
+
+    async def get(self, endpoint: str, session_id: str, ttl_s: float) -> str | None:
+        key = (endpoint, session_id)
+        hit = self._map.get(key)
+        if hit is not None:
+            return hit[0] if time.time() - hit[1] < ttl_s else None
+        async with self._sessions() as session:
+            row = (
+                await session.execute(
+                    sql_select(DecisionRow.arm_id, DecisionRow.created_at)
+                    .where(DecisionRow.endpoint == endpoint, DecisionRow.session_id == session_id)
+                    .order_by(DecisionRow.created_at.asc())
+                    .limit(1)
+                )
+            ).first()
+        if row is None:
+            return None
+        self.remember(endpoint, session_id, row.arm_id, row.created_at.timestamp())
+        return row.arm_id if time.time() - row.created_at.timestamp() < ttl_s else None
+
+    def remember(self, endpoint: str, session_id: str, arm_id: str, since: float) -> None:
+        self._map[(endpoint, session_id)] = (arm_id, since)
+        if len(self._map) > self._max:
+            self._map.popitem(last=False)
+
+
+def features_of(snap: EndpointSnapshot, context: dict[str, Any]) -> np.ndarray:
+    """The declared numeric features of a contextual endpoint, in order."""
+    values = []
+    for name in snap.policy.context_features:
+        value = context.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+            raise InvalidArgument(f"context feature {name!r} of endpoint {snap.name!r} must be a finite number")
+        values.append(float(value))
+    return np.asarray(values)
+
+
+def segment_of(snap: EndpointSnapshot, user_id: str, context: dict[str, Any]) -> str:
+    key = snap.policy.segment_key
+    if not key:
+        return ""
+    value = user_id if key == "user_id" else context.get(key)
+    return "" if value in (None, "") else str(value)[:256]
+
+
+class Selector:
+    def __init__(self, cache: PosteriorCache, log: DecisionLog, sticky: StickySessions) -> None:
+        self._cache = cache
+        self._log = log
+        self._sticky = sticky
+        self._rng = np.random.default_rng()
+
+    async def select(
+        self, *, endpoint: str, user_id: str = "", session_id: str = "", context: dict[str, Any] | None = None
+    ) -> Decision:
+        if not endpoint:
+            raise InvalidArgument("endpoint name is empty")
+        context = context or {}
+        snap = await self._cache.get(endpoint)
+        policy = snap.policy
+        if policy.sticky_sessions and session_id:
+            arm_id = await self._sticky.get(endpoint, session_id, policy.sticky_ttl_s)
+            if arm_id is not None and arm_id in snap.arm_ids and snap.statuses[snap.arm_ids.index(arm_id)] != RETIRED:
+                return self._decide(snap, snap.arm_ids.index(arm_id), 1.0, user_id, session_id, context, sticky=True)
+        features = None
+        segment = segment_of(snap, user_id, context)
+        if policy.kind == LINEAR:
+            x = features_of(snap, context)
+            features = x.tolist()
+            p = snap.probabilities_for(snap.stats, self._rng, x=x, m=500)
+        elif segment:
+            p = snap.probabilities_for(await self._cache.segment_stats(snap, segment), self._rng, m=1000)
+        else:
+            p = snap.probabilities
+        index = selection.sample(p, self._rng)
+        decision = self._decide(
+            snap, index, float(p[index]), user_id, session_id, context, segment=segment, features=features
+        )
+        if policy.sticky_sessions and session_id:
+            self._sticky.remember(endpoint, session_id, decision.arm_id, time.time())
+        return decision
+
+    def _decide(
+        self,
+        snap: EndpointSnapshot,
+        index: int,
+        probability: float,
+        user_id: str,
+        session_id: str,
+        context: dict[str, Any],
+        *,
+        segment: str = "",
+        features: list[float] | None = None,
+        sticky: bool = False,
+    ) -> Decision:
+        decision = Decision(
+            decision_id=new_decision_id(),
+            endpoint=snap.name,
+            arm_id=snap.arm_ids[index],
+            params=snap.params[index],
+            probability=probability,
+            user_id=user_id,
+            session_id=session_id,
+            segment=segment,
+            context=context,
+            features=features,
+            sticky=sticky,
+        )
+        self._log.record(decision)
+        return decision

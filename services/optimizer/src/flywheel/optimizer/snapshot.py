@@ -1,0 +1,138 @@
+"""An immutable view of one endpoint for the hot path: its arms, their posteriors and
+the probability the policy gives each arm, computed once per refresh so that Select is a
+single weighted draw and the logged propensity is exactly the sampling probability."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from flywheel.optimizer import posterior
+from flywheel.optimizer.policies import incumbent, selection
+from flywheel.optimizer.posterior import Stats
+from flywheel.optimizer.spec import CANARY, LINEAR, RETIRED, PolicyConfig
+
+# Joint posterior draws used to estimate selection probabilities.
+PROPENSITY_DRAWS = 4000
+
+
+@dataclass(frozen=True)
+class EndpointSnapshot:
+    name: str
+    description: str
+    policy: PolicyConfig
+    reward_spec: dict[str, Any]
+    arm_ids: list[str]
+    params: list[dict[str, Any]]
+    statuses: list[str]
+    caps: np.ndarray
+    pulls: np.ndarray
+    reward_sums: np.ndarray
+    stats: Stats
+    # Over all arms; retired arms get 0.
+    probabilities: np.ndarray
+    probability_best: np.ndarray
+    means: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    incumbent: str
+    # The incumbent last written to the database (the stability rule starts from it).
+    stored_incumbent: str
+    created_at: datetime
+    as_of: datetime
+
+    @property
+    def live(self) -> np.ndarray:
+        return np.array([s != RETIRED for s in self.statuses])
+
+    def caps_of_live(self) -> np.ndarray:
+        return np.array([c if s == CANARY else 1.0 for c, s in zip(self.caps, self.statuses, strict=True)])
+
+    def probabilities_for(
+        self, stats: Stats, rng: np.random.Generator, x: np.ndarray | None = None, m: int = PROPENSITY_DRAWS
+    ) -> np.ndarray:
+        """Selection probabilities over all arms for these statistics (retired arms 0)."""
+        return selection_probabilities(self.policy, stats, self.live, self.caps_of_live(), rng, x=x, m=m)
+
+
+def selection_probabilities(
+    policy: PolicyConfig,
+    stats: Stats,
+    live: np.ndarray,
+    caps: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    x: np.ndarray | None = None,
+    m: int = PROPENSITY_DRAWS,
+) -> np.ndarray:
+    idx = np.flatnonzero(live)
+    live_stats = Stats(
+        stats.w[idx],
+        stats.s[idx],
+        stats.ss[idx],
+        None if stats.xtx is None else stats.xtx[idx],
+        None if stats.xty is None else stats.xty[idx],
+    )
+    p_live = selection.action_probabilities(posterior.draws(policy, live_stats, rng, m, x=x))
+    p_live = selection.constrain(p_live, floor=policy.exploration_floor, caps=caps[idx])
+    out = np.zeros(len(live))
+    out[idx] = p_live
+    return out
+
+
+def build(*, row: Any, arms: list[Any], stats: Stats, now: datetime, rng: np.random.Generator) -> EndpointSnapshot:
+    """Compute everything Select and GetEndpoint need from the stored rows."""
+    policy = PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
+    arm_ids = [a.arm_id for a in arms]
+    statuses = [a.status for a in arms]
+    live = np.array([s != RETIRED for s in statuses])
+    caps = np.array([a.traffic_cap if a.status == CANARY else 1.0 for a in arms])
+    pulls = np.array([a.pulls for a in arms], dtype=float)
+    # Linear endpoints have no context-free policy; their reported probabilities use the
+    # context-free reward posterior (Gaussian over the same w, s, ss).
+    shown = PolicyConfig(kind="thompson_gaussian") if policy.kind == LINEAR else policy
+    probabilities = selection_probabilities(shown, stats, live, caps, rng)
+    means, lo, hi = posterior.summaries(shown, stats)
+    best = np.zeros(len(arm_ids))
+    if live.any():
+        best[live] = selection.action_probabilities(
+            posterior.draws(shown, Stats(stats.w[live], stats.s[live], stats.ss[live]), rng, PROPENSITY_DRAWS)
+        )
+    live_ids = [a for a, ok in zip(arm_ids, live, strict=True) if ok]
+    current = row.incumbent_arm_id if row.incumbent_arm_id in live_ids else None
+    chosen = incumbent.choose_incumbent(
+        current,
+        live_ids,
+        means[live],
+        lo[live],
+        hi[live],
+        pulls[live],
+        min_pulls=policy.incumbent_min_pulls,
+        max_interval_width=policy.incumbent_max_interval_width,
+        min_margin=policy.incumbent_min_margin,
+    )
+    return EndpointSnapshot(
+        name=row.name,
+        description=row.description,
+        policy=policy,
+        reward_spec=row.reward_spec,
+        arm_ids=arm_ids,
+        params=[a.params for a in arms],
+        statuses=statuses,
+        caps=caps,
+        pulls=pulls,
+        reward_sums=np.array([a.reward_sum for a in arms], dtype=float),
+        stats=stats,
+        probabilities=probabilities,
+        probability_best=best,
+        means=means,
+        ci_low=lo,
+        ci_high=hi,
+        incumbent=chosen or "",
+        stored_incumbent=row.incumbent_arm_id,
+        created_at=row.created_at,
+        as_of=now,
+    )

@@ -1,0 +1,127 @@
+"""Reading and incrementing ``arm_stats`` in SQL.
+
+Every change is one ``INSERT ... ON CONFLICT DO UPDATE`` whose new values are computed
+from the row's current values inside PostgreSQL, so concurrent replicas never lose an
+update. Time is the database's ``now()``, one clock for every replica. Discounted
+endpoints decay the stored evidence by 0.5^(elapsed / half_life) as they add to it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from flywheel.optimizer.posterior import Stats
+from flywheel.optimizer.spec import PolicyConfig
+
+
+def _decay(policy: PolicyConfig, newer: str, older: str) -> str:
+    if policy.half_life_s <= 0:
+        return "1.0"
+    return f"power(0.5, greatest(0.0, extract(epoch from ({newer} - {older}))) / {float(policy.half_life_s)!r})"
+
+
+def _bucket(policy: PolicyConfig) -> str:
+    if policy.bucket_s <= 0:
+        return "0"
+    return f"(floor(extract(epoch from now()) / {policy.bucket_s}) * {policy.bucket_s})::bigint"
+
+
+def _array_update(column: str, factor: str) -> str:
+    # Column names are constants of this module and factor a formatted float: no user input.
+    return (
+        f"CASE WHEN EXCLUDED.{column} IS NULL THEN st.{column} ELSE "  # noqa: S608
+        f"(SELECT array_agg(coalesce(a, 0) * {factor} + b ORDER BY i) "
+        f"FROM unnest(st.{column}, EXCLUDED.{column}) WITH ORDINALITY AS t(a, b, i)) END"
+    )
+
+
+async def add_reward(
+    session: AsyncSession,
+    *,
+    endpoint: str,
+    arm_id: str,
+    segments: list[str],
+    policy: PolicyConfig,
+    reward: float,
+    features: list[float] | None,
+) -> None:
+    """Add one reward to the arm's endpoint-wide statistics and to each given segment's."""
+    factor = _decay(policy, "EXCLUDED.as_of", "st.as_of")
+    xtx = xty = None
+    if features is not None:
+        x = np.asarray(features, dtype=float)
+        xtx, xty = np.outer(x, x).ravel().tolist(), (reward * x).tolist()
+    sql = text(f"""
+        INSERT INTO arm_stats AS st (endpoint, arm_id, segment, bucket, w, s, ss, xtx, xty, as_of)
+        VALUES (:endpoint, :arm_id, :segment, {_bucket(policy)}, 1.0, :r, :r2, :xtx, :xty, now())
+        ON CONFLICT (endpoint, arm_id, segment, bucket) DO UPDATE SET
+            w = st.w * {factor} + EXCLUDED.w,
+            s = st.s * {factor} + EXCLUDED.s,
+            ss = st.ss * {factor} + EXCLUDED.ss,
+            xtx = {_array_update("xtx", factor)},
+            xty = {_array_update("xty", factor)},
+            as_of = greatest(st.as_of, EXCLUDED.as_of)
+    """)  # noqa: S608 - only numbers from validated settings are formatted in
+    for segment in ["", *segments]:
+        await session.execute(
+            sql,
+            {
+                "endpoint": endpoint,
+                "arm_id": arm_id,
+                "segment": segment,
+                "r": reward,
+                "r2": reward * reward,
+                "xtx": xtx,
+                "xty": xty,
+            },
+        )
+
+
+def aggregate(policy: PolicyConfig, arm_ids: list[str], rows: list[Any], now: datetime, d: int = 0) -> Stats:
+    """Fold stored rows (one segment, any buckets) into per-arm statistics as of ``now``."""
+    index = {a: i for i, a in enumerate(arm_ids)}
+    out = Stats.zeros(len(arm_ids), d)
+    horizon = now.timestamp() - policy.window_s if policy.window_s > 0 else None
+    for row in rows:
+        i = index.get(row.arm_id)
+        if i is None or (horizon is not None and row.bucket + policy.bucket_s <= horizon):
+            continue
+        f = 0.5 ** (max(0.0, (now - row.as_of).total_seconds()) / policy.half_life_s) if policy.half_life_s > 0 else 1.0
+        out.w[i] += f * row.w
+        out.s[i] += f * row.s
+        out.ss[i] += f * row.ss
+        if d and row.xtx is not None and out.xtx is not None and out.xty is not None:
+            out.xtx[i] += f * np.asarray(row.xtx).reshape(d, d)
+            out.xty[i] += f * np.asarray(row.xty)
+    return out
+
+
+async def load_rows(
+    session: AsyncSession, *, endpoint: str | None = None, segment: str = ""
+) -> tuple[list[Any], datetime]:
+    """Stats rows of one segment (of one endpoint, or all), and the database's now()."""
+    where = "segment = :segment" + (" AND endpoint = :endpoint" if endpoint else "")
+    result = await session.execute(
+        text(f"SELECT endpoint, arm_id, bucket, w, s, ss, xtx, xty, as_of FROM arm_stats WHERE {where}"),  # noqa: S608
+        {"segment": segment, "endpoint": endpoint},
+    )
+    rows = list(result)
+    now = (await session.execute(text("SELECT now()"))).scalar_one()
+    return rows, now
+
+
+async def drop_expired_buckets(session: AsyncSession, *, endpoint: str, policy: PolicyConfig) -> None:
+    """Delete window buckets that can no longer count."""
+    if policy.window_s > 0:
+        await session.execute(
+            text(
+                "DELETE FROM arm_stats WHERE endpoint = :e AND bucket > 0 "
+                "AND bucket + :bs <= extract(epoch from now()) - :window"
+            ),
+            {"e": endpoint, "bs": policy.bucket_s, "window": policy.window_s},
+        )
