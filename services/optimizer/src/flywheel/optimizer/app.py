@@ -7,6 +7,8 @@ from pathlib import Path
 
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
+from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
+from flywheel.api.optimizer.v1 import off_policy_service_pb2_grpc as ope_grpc
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
@@ -17,7 +19,7 @@ from flywheel.core.lifecycle import ServiceParts
 from flywheel.optimizer.arm_lifecycle import ArmLifecycle
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
-from flywheel.optimizer.grpc_api import EndpointAdminServicer, SelectionServicer
+from flywheel.optimizer.grpc_api import EndpointAdminServicer, OffPolicyServicer, SelectionServicer
 from flywheel.optimizer.handlers import FeedbackHandler
 from flywheel.optimizer.selector import Selector, StickySessions
 from flywheel.optimizer.settings import OptimizerSettings
@@ -54,6 +56,11 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             admin_grpc.add_EndpointAdminServiceServicer_to_server,
             EndpointAdminServicer(database.sessions, cache),
             _service_name(admin_pb, "EndpointAdminService"),
+        ),
+        (
+            ope_grpc.add_OffPolicyServiceServicer_to_server,
+            OffPolicyServicer(database.sessions, cache),
+            _service_name(ope_pb, "OffPolicyService"),
         ),
     ]
     parts.consumers.append(

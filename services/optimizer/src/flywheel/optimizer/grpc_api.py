@@ -4,20 +4,23 @@ off-policy evaluation. Each method validates, calls the domain layer, converts."
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
+from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
+from flywheel.api.optimizer.v1 import off_policy_service_pb2_grpc as ope_grpc
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.core.errors import InvalidArgument, Unavailable
-from flywheel.optimizer import service
+from flywheel.optimizer import ope_service, service
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.convert import arm_spec, arm_stats, endpoint_message, endpoint_spec, from_struct, struct
 from flywheel.optimizer.decisions import Decision, DecisionLog
+from flywheel.optimizer.ope_service import Candidate
 from flywheel.optimizer.selector import Selector
 from flywheel.optimizer.spec import RETIRED
 
@@ -124,3 +127,45 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
             await service.set_arm_status(session, endpoint=request.endpoint, arm_id=request.arm_id, status=RETIRED)
             await session.commit()
         return admin_pb.RetireArmResponse(endpoint=endpoint_message(await self._cache.load(request.endpoint)))
+
+
+_ESTIMATORS = {"ips": ope_pb.ESTIMATOR_IPS, "snips": ope_pb.ESTIMATOR_SNIPS, "dr": ope_pb.ESTIMATOR_DOUBLY_ROBUST}
+
+
+class OffPolicyServicer(ope_grpc.OffPolicyServiceServicer):
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], cache: PosteriorCache) -> None:
+        self._sessions = sessions
+        self._cache = cache
+
+    async def EstimatePolicyValue(
+        self, request: ope_pb.EstimatePolicyValueRequest, context: grpc.aio.ServicerContext
+    ) -> ope_pb.EstimatePolicyValueResponse:
+        if not request.endpoint:
+            raise InvalidArgument("endpoint name is empty")
+        which = request.candidate.WhichOneof("kind")
+        candidate = Candidate(
+            arm_id=request.candidate.arm_id if which == "arm_id" else "",
+            distribution=dict(request.candidate.distribution.probabilities) if which == "distribution" else None,
+            current_posterior=which == "current_posterior" and request.candidate.current_posterior,
+        )
+        snap = await self._cache.load(request.endpoint)
+        async with self._sessions() as session:
+            result = await ope_service.estimate(
+                session,
+                snap=snap,
+                candidate=candidate,
+                since=request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None,
+                until=request.until.ToDatetime(tzinfo=UTC) if request.HasField("until") else None,
+                confidence=request.confidence or 0.95,
+            )
+        return ope_pb.EstimatePolicyValueResponse(
+            estimates=[
+                ope_pb.PolicyValueEstimate(
+                    estimator=_ESTIMATORS[e.estimator], value=e.value, ci_low=e.ci_low, ci_high=e.ci_high
+                )
+                for e in result.estimates
+            ],
+            samples=result.samples,
+            logged_value=result.logged_value,
+            effective_sample_size=result.effective_sample_size,
+        )

@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from flywheel.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from flywheel.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from flywheel.optimizer import stats
 from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.models import AppliedFeedbackRow, ArmRow, DecisionRow, EndpointRow
@@ -22,11 +22,13 @@ from flywheel.optimizer.rewards import combine_reward
 from flywheel.optimizer.spec import (
     ACTIVE,
     CANARY,
+    LINEAR,
     RETIRED,
     ArmSpec,
     EndpointSpec,
     PolicyConfig,
     check_arm,
+    check_policy,
     validate_endpoint,
 )
 
@@ -61,6 +63,26 @@ async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
     )
     await session.flush()
     session.add_all(_arm_row(spec.name, i, a) for i, a in enumerate(spec.arms))
+    await session.commit()
+
+
+async def update_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
+    """Change description, policy and reward spec; arms are left as they are."""
+    row, arms = await endpoint_rows(session, name=spec.name)
+    current = PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
+    check_policy(spec.policy, n_arms=len(arms), bounded=spec.bounded)
+    if LINEAR in (current.kind, spec.policy.kind) and (
+        current.kind != spec.policy.kind or current.context_features != spec.policy.context_features
+    ):
+        raise FailedPrecondition(
+            "linear_thompson endpoints keep their kind and context_features; create a new endpoint"
+        )
+    policy = spec.policy.to_json()
+    row.policy_kind = policy.pop("kind")
+    row.policy = policy
+    row.description = spec.description
+    row.reward_spec = {"signal_weights": spec.signal_weights, "bounded": spec.bounded}
+    row.updated_at = datetime.now(UTC)
     await session.commit()
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from flywheel.api.optimizer.v1 import endpoints_pb2 as flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoints__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n6flywheel/api/optimizer/v1/endpoint_admin_service.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a)flywheel/api/optimizer/v1/endpoints.proto\"N\n\x15\x43reateEndpointRequest\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"O\n\x16\x43reateEndpointResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"\"\n\x12GetEndpointRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"L\n\x13GetEndpointResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"\x16\n\x14ListEndpointsRequest\"O\n\x15ListEndpointsResponse\x12\x36\n\tendpoints\x18\x01 \x03(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"N\n\rAddArmRequest\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12+\n\x03\x61rm\x18\x02 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Arm\"G\n\x0e\x41\x64\x64\x41rmResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"4\n\x10RetireArmRequest\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x02 \x01(\t\"J\n\x11RetireArmResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint2\xb6\x04\n\x14\x45ndpointAdminService\x12u\n\x0e\x43reateEndpoint\x12\x30.flywheel.api.optimizer.v1.CreateEndpointRequest\x1a\x31.flywheel.api.optimizer.v1.CreateEndpointResponse\x12l\n\x0bGetEndpoint\x12-.flywheel.api.optimizer.v1.GetEndpointRequest\x1a..flywheel.api.optimizer.v1.GetEndpointResponse\x12r\n\rListEndpoints\x12/.flywheel.api.optimizer.v1.ListEndpointsRequest\x1a\x30.flywheel.api.optimizer.v1.ListEndpointsResponse\x12]\n\x06\x41\x64\x64\x41rm\x12(.flywheel.api.optimizer.v1.AddArmRequest\x1a).flywheel.api.optimizer.v1.AddArmResponse\x12\x66\n\tRetireArm\x12+.flywheel.api.optimizer.v1.RetireArmRequest\x1a,.flywheel.api.optimizer.v1.RetireArmResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n6flywheel/api/optimizer/v1/endpoint_admin_service.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a)flywheel/api/optimizer/v1/endpoints.proto\"N\n\x15\x43reateEndpointRequest\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"O\n\x16\x43reateEndpointResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"\"\n\x12GetEndpointRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"L\n\x13GetEndpointResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"\x16\n\x14ListEndpointsRequest\"O\n\x15ListEndpointsResponse\x12\x36\n\tendpoints\x18\x01 \x03(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"N\n\x15UpdateEndpointRequest\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"O\n\x16UpdateEndpointResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"N\n\rAddArmRequest\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12+\n\x03\x61rm\x18\x02 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Arm\"G\n\x0e\x41\x64\x64\x41rmResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint\"4\n\x10RetireArmRequest\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x02 \x01(\t\"J\n\x11RetireArmResponse\x12\x35\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32#.flywheel.api.optimizer.v1.Endpoint2\xad\x05\n\x14\x45ndpointAdminService\x12u\n\x0e\x43reateEndpoint\x12\x30.flywheel.api.optimizer.v1.CreateEndpointRequest\x1a\x31.flywheel.api.optimizer.v1.CreateEndpointResponse\x12l\n\x0bGetEndpoint\x12-.flywheel.api.optimizer.v1.GetEndpointRequest\x1a..flywheel.api.optimizer.v1.GetEndpointResponse\x12r\n\rListEndpoints\x12/.flywheel.api.optimizer.v1.ListEndpointsRequest\x1a\x30.flywheel.api.optimizer.v1.ListEndpointsResponse\x12u\n\x0eUpdateEndpoint\x12\x30.flywheel.api.optimizer.v1.UpdateEndpointRequest\x1a\x31.flywheel.api.optimizer.v1.UpdateEndpointResponse\x12]\n\x06\x41\x64\x64\x41rm\x12(.flywheel.api.optimizer.v1.AddArmRequest\x1a).flywheel.api.optimizer.v1.AddArmResponse\x12\x66\n\tRetireArm\x12+.flywheel.api.optimizer.v1.RetireArmRequest\x1a,.flywheel.api.optimizer.v1.RetireArmResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,14 +44,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTENDPOINTSREQUEST']._serialized_end=425
   _globals['_LISTENDPOINTSRESPONSE']._serialized_start=427
   _globals['_LISTENDPOINTSRESPONSE']._serialized_end=506
-  _globals['_ADDARMREQUEST']._serialized_start=508
-  _globals['_ADDARMREQUEST']._serialized_end=586
-  _globals['_ADDARMRESPONSE']._serialized_start=588
-  _globals['_ADDARMRESPONSE']._serialized_end=659
-  _globals['_RETIREARMREQUEST']._serialized_start=661
-  _globals['_RETIREARMREQUEST']._serialized_end=713
-  _globals['_RETIREARMRESPONSE']._serialized_start=715
-  _globals['_RETIREARMRESPONSE']._serialized_end=789
-  _globals['_ENDPOINTADMINSERVICE']._serialized_start=792
-  _globals['_ENDPOINTADMINSERVICE']._serialized_end=1358
+  _globals['_UPDATEENDPOINTREQUEST']._serialized_start=508
+  _globals['_UPDATEENDPOINTREQUEST']._serialized_end=586
+  _globals['_UPDATEENDPOINTRESPONSE']._serialized_start=588
+  _globals['_UPDATEENDPOINTRESPONSE']._serialized_end=667
+  _globals['_ADDARMREQUEST']._serialized_start=669
+  _globals['_ADDARMREQUEST']._serialized_end=747
+  _globals['_ADDARMRESPONSE']._serialized_start=749
+  _globals['_ADDARMRESPONSE']._serialized_end=820
+  _globals['_RETIREARMREQUEST']._serialized_start=822
+  _globals['_RETIREARMREQUEST']._serialized_end=874
+  _globals['_RETIREARMRESPONSE']._serialized_start=876
+  _globals['_RETIREARMRESPONSE']._serialized_end=950
+  _globals['_ENDPOINTADMINSERVICE']._serialized_start=953
+  _globals['_ENDPOINTADMINSERVICE']._serialized_end=1638
 # @@protoc_insertion_point(module_scope)

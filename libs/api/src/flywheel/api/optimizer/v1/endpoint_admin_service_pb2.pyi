@@ -134,6 +134,46 @@ class ListEndpointsResponse(_message.Message):
 Global___ListEndpointsResponse: _TypeAlias = ListEndpointsResponse  # noqa: Y015
 
 @_typing.final
+class UpdateEndpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> _endpoints_pb2.Endpoint: ...
+    def __init__(
+        self,
+        *,
+        endpoint: _endpoints_pb2.Endpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateEndpointRequest: _TypeAlias = UpdateEndpointRequest  # noqa: Y015
+
+@_typing.final
+class UpdateEndpointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> _endpoints_pb2.Endpoint: ...
+    def __init__(
+        self,
+        *,
+        endpoint: _endpoints_pb2.Endpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateEndpointResponse: _TypeAlias = UpdateEndpointResponse  # noqa: Y015
+
+@_typing.final
 class AddArmRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

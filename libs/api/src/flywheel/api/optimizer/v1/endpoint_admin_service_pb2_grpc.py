@@ -50,6 +50,11 @@ class EndpointAdminServiceStub:
                 request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.ListEndpointsRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.ListEndpointsResponse.FromString,
                 _registered_method=True)
+        self.UpdateEndpoint = channel.unary_unary(
+                '/flywheel.api.optimizer.v1.EndpointAdminService/UpdateEndpoint',
+                request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.UpdateEndpointRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.UpdateEndpointResponse.FromString,
+                _registered_method=True)
         self.AddArm = channel.unary_unary(
                 '/flywheel.api.optimizer.v1.EndpointAdminService/AddArm',
                 request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.AddArmRequest.SerializeToString,
@@ -80,6 +85,14 @@ class EndpointAdminServiceServicer:
 
     def ListEndpoints(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateEndpoint(self, request, context):
+        """Change description, policy and reward spec (arms change through AddArm/RetireArm).
+        The policy kind and context features cannot change once posteriors exist for them.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -115,6 +128,11 @@ def add_EndpointAdminServiceServicer_to_server(servicer, server):
                     servicer.ListEndpoints,
                     request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.ListEndpointsRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.ListEndpointsResponse.SerializeToString,
+            ),
+            'UpdateEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateEndpoint,
+                    request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.UpdateEndpointRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.UpdateEndpointResponse.SerializeToString,
             ),
             'AddArm': grpc.unary_unary_rpc_method_handler(
                     servicer.AddArm,
@@ -209,6 +227,33 @@ class EndpointAdminService:
             '/flywheel.api.optimizer.v1.EndpointAdminService/ListEndpoints',
             flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.ListEndpointsRequest.SerializeToString,
             flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.ListEndpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.optimizer.v1.EndpointAdminService/UpdateEndpoint',
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.UpdateEndpointRequest.SerializeToString,
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_endpoint__admin__service__pb2.UpdateEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,10 @@ class EndpointAdminServiceStub:
     CreateEndpoint: _grpc.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.CreateEndpointRequest, _endpoint_admin_service_pb2.CreateEndpointResponse]
     GetEndpoint: _grpc.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.GetEndpointRequest, _endpoint_admin_service_pb2.GetEndpointResponse]
     ListEndpoints: _grpc.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.ListEndpointsRequest, _endpoint_admin_service_pb2.ListEndpointsResponse]
+    UpdateEndpoint: _grpc.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.UpdateEndpointRequest, _endpoint_admin_service_pb2.UpdateEndpointResponse]
+    """Change description, policy and reward spec (arms change through AddArm/RetireArm).
+    The policy kind and context features cannot change once posteriors exist for them.
+    """
     AddArm: _grpc.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.AddArmRequest, _endpoint_admin_service_pb2.AddArmResponse]
     """Add an arm to a live endpoint (optionally as a canary)."""
     RetireArm: _grpc.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.RetireArmRequest, _endpoint_admin_service_pb2.RetireArmResponse]
@@ -49,6 +53,10 @@ class EndpointAdminServiceAsyncStub(EndpointAdminServiceStub):
     CreateEndpoint: _aio.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.CreateEndpointRequest, _endpoint_admin_service_pb2.CreateEndpointResponse]  # type: ignore[assignment]
     GetEndpoint: _aio.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.GetEndpointRequest, _endpoint_admin_service_pb2.GetEndpointResponse]  # type: ignore[assignment]
     ListEndpoints: _aio.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.ListEndpointsRequest, _endpoint_admin_service_pb2.ListEndpointsResponse]  # type: ignore[assignment]
+    UpdateEndpoint: _aio.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.UpdateEndpointRequest, _endpoint_admin_service_pb2.UpdateEndpointResponse]  # type: ignore[assignment]
+    """Change description, policy and reward spec (arms change through AddArm/RetireArm).
+    The policy kind and context features cannot change once posteriors exist for them.
+    """
     AddArm: _aio.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.AddArmRequest, _endpoint_admin_service_pb2.AddArmResponse]  # type: ignore[assignment]
     """Add an arm to a live endpoint (optionally as a canary)."""
     RetireArm: _aio.UnaryUnaryMultiCallable[_endpoint_admin_service_pb2.RetireArmRequest, _endpoint_admin_service_pb2.RetireArmResponse]  # type: ignore[assignment]
@@ -77,6 +85,16 @@ class EndpointAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _endpoint_admin_service_pb2.ListEndpointsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_endpoint_admin_service_pb2.ListEndpointsResponse, _abc.Awaitable[_endpoint_admin_service_pb2.ListEndpointsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateEndpoint(
+        self,
+        request: _endpoint_admin_service_pb2.UpdateEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_endpoint_admin_service_pb2.UpdateEndpointResponse, _abc.Awaitable[_endpoint_admin_service_pb2.UpdateEndpointResponse]]:
+        """Change description, policy and reward spec (arms change through AddArm/RetireArm).
+        The policy kind and context features cannot change once posteriors exist for them.
+        """
 
     @_abc_1.abstractmethod
     def AddArm(
