@@ -3,6 +3,7 @@ answer, NOT_SERVING while one of them is down, and SERVING again once it is back
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, env_prefix, health_status, migrate
 from flywheel.stack.stack import Servers
+from flywheel.stack.testing import server_root
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +27,9 @@ DEPENDS_ON = {
 
 
 @pytest.fixture(scope="module")
-def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Servers, dict[str, ServiceProcess]]]:
+def private_stack() -> Iterator[tuple[Servers, dict[str, ServiceProcess]]]:
     """Servers of this module's own (the test stops them) and all six services on them."""
-    root: Path = tmp_path_factory.mktemp("health")
+    root: Path = server_root("health")
     servers = Servers.create(root)
     servers.start()
     env = servers.env()
@@ -48,6 +50,7 @@ def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Se
         for proc in procs.values():
             proc.stop()
         servers.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def statuses(procs: dict[str, ServiceProcess]) -> dict[str, str]:

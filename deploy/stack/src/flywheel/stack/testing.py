@@ -8,6 +8,8 @@ servers without seeing each other's subjects, tables or objects.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -26,15 +28,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def server_root(prefix: str) -> Path:
+    """A data folder outside pytest's tmp tree: pytest resets its root to mode 0700 when
+    another session starts, which locks out PostgreSQL's unprivileged system user."""
+    return Path(tempfile.mkdtemp(prefix=f"flywheel-{prefix}-"))
+
+
 @pytest.fixture(scope="session")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+def servers() -> Iterator[Servers]:
     """Real NATS, PostgreSQL and S3 for the whole session."""
-    found = Servers.create(tmp_path_factory.mktemp("servers"))
+    root = server_root("servers")
+    found = Servers.create(root)
     try:
         found.start()
         yield found
     finally:
         found.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -36,28 +36,28 @@ def canary_verdicts(snap: EndpointSnapshot, rng: np.random.Generator) -> dict[st
     )
     out = {}
     for i, status in enumerate(snap.statuses):
-        if status != CANARY or snap.pulls[i] < snap.policy.canary_min_pulls:
+        if status != CANARY or snap.pulls[i] < 1:
             continue
         pair = Stats(snap.stats.w[[i, reference]], snap.stats.s[[i, reference]], snap.stats.ss[[i, reference]])
         d = posterior.draws(shown, pair, rng, DRAWS)
         p_better = canary.probability_better(d[:, 0], d[:, 1])
-        verdict = canary.canary_verdict(
-            p_better,
-            int(snap.pulls[i]),
-            min_pulls=snap.policy.canary_min_pulls,
-            promote_probability=snap.policy.canary_promote_probability,
-            retire_probability=snap.policy.canary_retire_probability,
+        # Promotion needs min_pulls of evidence. Retirement does not: Thompson sampling
+        # starves a clearly worse canary, so it might never reach min_pulls.
+        if p_better <= snap.policy.canary_retire_probability:
+            verdict = "retire"
+        elif snap.pulls[i] >= snap.policy.canary_min_pulls and p_better >= snap.policy.canary_promote_probability:
+            verdict = "promote"
+        else:
+            continue
+        out[snap.arm_ids[i]] = verdict
+        log.info(
+            "canary verdict",
+            endpoint=snap.name,
+            arm_id=snap.arm_ids[i],
+            verdict=verdict,
+            p_better=round(p_better, 4),
+            pulls=int(snap.pulls[i]),
         )
-        if verdict != "continue":
-            out[snap.arm_ids[i]] = verdict
-            log.info(
-                "canary verdict",
-                endpoint=snap.name,
-                arm_id=snap.arm_ids[i],
-                verdict=verdict,
-                p_better=round(p_better, 4),
-                pulls=int(snap.pulls[i]),
-            )
     return out
 
 

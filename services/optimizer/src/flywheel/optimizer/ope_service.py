@@ -82,21 +82,23 @@ async def estimate(
     if not rows:
         raise FailedPrecondition(f"no decisions with feedback for {snap.name!r} in that time range")
     index = {a: i for i, a in enumerate(snap.arm_ids)}
-    data = ope.LoggedData(
-        actions=np.array([index[r.arm_id] for r in rows]),
-        rewards=np.array([r.reward for r in rows], dtype=float),
-        propensities=np.array([r.probability for r in rows], dtype=float),
-        n_arms=len(snap.arm_ids),
-    )
-    target = ope.fixed_distribution(p, data.n)
-    model = ope.per_arm_mean_model(data)
-    return OpeResult(
-        estimates=[
+    try:
+        data = ope.LoggedData(
+            actions=np.array([index[r.arm_id] for r in rows]),
+            rewards=np.array([r.reward for r in rows], dtype=float),
+            propensities=np.array([r.probability for r in rows], dtype=float),
+            n_arms=len(snap.arm_ids),
+        )
+        target = ope.fixed_distribution(p, data.n)
+        model = ope.per_arm_mean_model(data)
+        estimates = [
             ope.ips(data, target, confidence=confidence),
             ope.snips(data, target, confidence=confidence),
             ope.doubly_robust(data, target, model, confidence=confidence),
-        ],
-        samples=data.n,
-        logged_value=float(data.rewards.mean()),
-        effective_sample_size=ope.effective_sample_size(ope.importance_weights(data, target)),
+        ]
+        ess = ope.effective_sample_size(ope.importance_weights(data, target))
+    except ValueError as exc:  # e.g. the candidate never chooses any logged arm
+        raise FailedPrecondition(f"cannot estimate on these logs: {exc}") from None
+    return OpeResult(
+        estimates=estimates, samples=data.n, logged_value=float(data.rewards.mean()), effective_sample_size=ess
     )

@@ -13,7 +13,7 @@ import numpy as np
 from flywheel.optimizer import posterior
 from flywheel.optimizer.policies import incumbent, selection
 from flywheel.optimizer.posterior import Stats
-from flywheel.optimizer.spec import CANARY, LINEAR, RETIRED, PolicyConfig
+from flywheel.optimizer.spec import ACTIVE, CANARY, LINEAR, RETIRED, PolicyConfig
 
 # Joint posterior draws used to estimate selection probabilities.
 PROPENSITY_DRAWS = 4000
@@ -101,15 +101,17 @@ def build(*, row: Any, arms: list[Any], stats: Stats, now: datetime, rng: np.ran
         best[live] = selection.action_probabilities(
             posterior.draws(shown, Stats(stats.w[live], stats.s[live], stats.ss[live]), rng, PROPENSITY_DRAWS)
         )
-    live_ids = [a for a, ok in zip(arm_ids, live, strict=True) if ok]
-    current = row.incumbent_arm_id if row.incumbent_arm_id in live_ids else None
+    # Canaries are on trial: only active arms can be the incumbent.
+    active = np.array([s == ACTIVE for s in statuses])
+    active_ids = [a for a, ok in zip(arm_ids, active, strict=True) if ok]
+    current = row.incumbent_arm_id if row.incumbent_arm_id in active_ids else None
     chosen = incumbent.choose_incumbent(
         current,
-        live_ids,
-        means[live],
-        lo[live],
-        hi[live],
-        pulls[live],
+        active_ids,
+        means[active],
+        lo[active],
+        hi[active],
+        pulls[active],
         min_pulls=policy.incumbent_min_pulls,
         max_interval_width=policy.incumbent_max_interval_width,
         min_margin=policy.incumbent_min_margin,
