@@ -42,3 +42,10 @@ def test_no_matching_signal_raises():
 def test_only_zero_weight_signals_present_raises():
     with pytest.raises(ValueError, match="sum to zero"):
         combine_reward(None, {"ignored": 1.0}, {"ignored": 0.0, "resolved": 1.0})
+
+
+def test_measurements_are_not_rewards_unless_weighted():
+    assert combine_reward(None, {"latency_ms": 850.0, "thumbs_up": 1.0}, {}) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no reward"):
+        combine_reward(None, {"latency_ms": 850.0, "cost_usd": 0.01}, {})
+    assert combine_reward(None, {"latency_ms": 0.2}, {"latency_ms": 1.0}) == pytest.approx(0.2)

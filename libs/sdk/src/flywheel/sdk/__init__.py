@@ -1,5 +1,15 @@
-"""What a product imports to use Flywheel: choose a config per request, report feedback."""
+"""What a product imports to use Flywheel: choose a config per request, report feedback.
 
-from flywheel.sdk.client import Decision, FlywheelClient
+- ``FlywheelClient`` (async) and ``SyncFlywheelClient``: ``select``, ``feedback`` (NATS),
+  ``update`` (gRPC), ``decide`` (select, time the block, report once).
+- ``flywheel.sdk.convergence``: The Convergence's ``configure_runtime``, ``runtime_select``
+  and ``runtime_update`` on Flywheel.
+- ``flywheel.sdk.admin`` and the ``flywheel`` command (``flywheel.sdk.cli``): endpoints from
+  YAML files, their posteriors, and off-policy evaluation.
+"""
 
-__all__ = ["Decision", "FlywheelClient"]
+from flywheel.sdk.client import FlywheelClient
+from flywheel.sdk.decision import Decision, DecisionContext
+from flywheel.sdk.sync import SyncFlywheelClient
+
+__all__ = ["Decision", "DecisionContext", "FlywheelClient", "SyncFlywheelClient"]

@@ -5,43 +5,43 @@
         ...  # use d.params
         await fw.feedback(d, reward=1.0)
 
+        # or let the client time the request and report once, errors included:
+        async with fw.decide("support-bot", user_id="u1") as dc:
+            answer = await call_llm(**dc.params)
+            dc.add_cost(0.0021)
+            dc.set_reward(score(answer))
+
 Feedback is published with a fresh event id that is also JetStream's dedup id, so a
-retried publish is stored once and the optimizer applies it once.
+retried publish is stored once and the optimizer applies it once. ``update`` reports the
+same feedback over gRPC for products without NATS. ``SyncFlywheelClient``
+(``flywheel.sdk.sync``) is the same API for code without an event loop.
 """
 
 from __future__ import annotations
 
-import math
-import uuid
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-import nats
-from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
-from nats.aio.client import Client as Nats
 
-from flywheel.api.common.v1.common_pb2 import EventMeta
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
-from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.api.optimizer.v1.selection_service_pb2_grpc import SelectionServiceStub
-from flywheel.api.subjects import Catalogue
+from flywheel.sdk import _transport
+from flywheel.sdk.decision import Decision, DecisionContext, check_feedback
 
+__all__ = ["Decision", "DecisionContext", "FlywheelClient"]
 
-@dataclass(frozen=True)
-class Decision:
-    """The arm chosen for one request; keep ``decision_id`` to report feedback."""
-
-    decision_id: str
-    endpoint: str
-    arm_id: str
-    params: dict[str, Any]
-    probability: float
+log = logging.getLogger("flywheel.sdk")
 
 
 class FlywheelClient:
-    """Async client for products. Credentials and TLS are arguments, never logged."""
+    """Async client for products. Credentials and TLS are arguments, never logged.
+
+    One client serves any number of concurrent requests; create it once per event loop.
+    """
 
     def __init__(
         self,
@@ -55,14 +55,17 @@ class FlywheelClient:
         tls_root_certificates: bytes | None = None,
         source: str = "sdk",
     ) -> None:
-        creds = grpc.ssl_channel_credentials(tls_root_certificates) if tls_root_certificates else None
+        creds = _transport.credentials(tls_root_certificates)
         self._channel = grpc.aio.secure_channel(target, creds) if creds else grpc.aio.insecure_channel(target)
         self._selection = SelectionServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
-        self._nats_args = {"servers": [nats_url], "user": nats_user, "password": nats_password} if nats_url else None
-        self._nc: Nats | None = None
-        self._catalogue = Catalogue(namespace)
-        self._source = source
+        self._metadata = _transport.metadata(auth_token)
+        self._nats = (
+            _transport.NatsFeedback(
+                url=nats_url, user=nats_user, password=nats_password, namespace=namespace, source=source
+            )
+            if nats_url
+            else None
+        )
 
     async def __aenter__(self) -> FlywheelClient:
         return self
@@ -71,8 +74,8 @@ class FlywheelClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._nc is not None:
-            await self._nc.close()  # every publish was already acked by JetStream
+        if self._nats is not None:
+            await self._nats.close()
         await self._channel.close()
 
     async def select(
@@ -85,20 +88,12 @@ class FlywheelClient:
         timeout_s: float = 2.0,
     ) -> Decision:
         """Ask which arm to use for this request."""
-        ctx = Struct()
-        ctx.update(context or {})
         resp = await self._selection.Select(
-            sel_pb.SelectRequest(endpoint=endpoint, user_id=user_id, context=ctx, session_id=session_id),
+            _transport.select_request(endpoint, user_id, context, session_id),
             timeout=timeout_s,
             metadata=self._metadata,
         )
-        return Decision(
-            decision_id=resp.decision_id,
-            endpoint=endpoint,
-            arm_id=resp.arm_id,
-            params=json_format.MessageToDict(resp.params),
-            probability=resp.probability,
-        )
+        return _transport.decision_from(endpoint, resp)
 
     async def feedback(
         self,
@@ -109,30 +104,16 @@ class FlywheelClient:
         event_id: str | None = None,
     ) -> str:
         """Publish feedback for a decision on NATS; returns the event id once JetStream stored it."""
-        if reward is None and not signals:
-            raise ValueError("give a reward or at least one signal")
-        if any(not math.isfinite(v) for v in [*(signals or {}).values(), *([reward] if reward is not None else [])]):
-            raise ValueError("reward and signals must be finite")
-        if self._nats_args is None:
+        check_feedback(reward, signals)
+        if self._nats is None:
             raise RuntimeError("this client has no nats_url; use update() over gRPC instead")
-        if self._nc is None:
-            self._nc = await nats.connect(**self._nats_args)
-        event_id = event_id or uuid.uuid4().hex
-        event = FeedbackEvent(
-            meta=EventMeta(event_id=event_id, source=self._source),
-            decision_id=decision.decision_id,
+        return await self._nats.publish(
             endpoint=decision.endpoint,
-            signals=signals or {},
+            decision_id=decision.decision_id,
+            reward=reward,
+            signals=signals,
+            event_id=event_id,
         )
-        event.meta.time.GetCurrentTime()
-        if reward is not None:
-            event.reward = reward
-        await self._nc.jetstream().publish(
-            self._catalogue.feedback(decision.endpoint),
-            event.SerializeToString(),
-            headers={"Content-Type": "application/protobuf", "Nats-Msg-Id": event_id},
-        )
-        return event_id
 
     async def update(
         self,
@@ -144,9 +125,50 @@ class FlywheelClient:
         timeout_s: float = 2.0,
     ) -> sel_pb.UpdateResponse:
         """Report feedback over gRPC (for products without NATS)."""
-        request = sel_pb.UpdateRequest(
-            decision_id=decision.decision_id, signals=signals or {}, feedback_id=feedback_id or uuid.uuid4().hex
-        )
-        if reward is not None:
-            request.reward = reward
+        request = _transport.update_request(decision.decision_id, reward, signals, feedback_id)
         return await self._selection.Update(request, timeout=timeout_s, metadata=self._metadata)
+
+    async def report(
+        self, decision: Decision, *, reward: float | None = None, signals: dict[str, float] | None = None
+    ) -> None:
+        """Feedback over NATS when this client has a ``nats_url``, else over gRPC ``Update``."""
+        if self._nats is not None:
+            await self.feedback(decision, reward=reward, signals=signals)
+        else:
+            await self.update(decision, reward=reward, signals=signals)
+
+    @asynccontextmanager
+    async def decide(
+        self,
+        endpoint: str,
+        *,
+        user_id: str = "",
+        context: dict[str, Any] | None = None,
+        session_id: str = "",
+    ) -> AsyncIterator[DecisionContext]:
+        """Select on enter, report once on exit.
+
+        The block gets a ``DecisionContext`` (``.params``, ``.decision``, ``.set_reward``,
+        ``.add_signal``, ``.add_cost``). On exit one feedback is sent (see ``report``) with
+        the block's wall time as signal ``latency_ms``, ``cost_usd`` when ``add_cost`` was
+        called, and the reward and signals the block set. If the block raises an
+        ``Exception``, the feedback is reward 0.0 with signal ``error=1.0`` and the
+        exception propagates; a failure to send that feedback is logged and noted on the
+        exception, never raised in its place. Cancellation (``BaseException``) reports
+        nothing. Latency and cost are signals, not rewards: see ``flywheel.sdk.decision``.
+        """
+        decision = await self.select(endpoint, user_id=user_id, context=context, session_id=session_id)
+        ctx = DecisionContext(decision)
+        start = time.perf_counter()
+        try:
+            yield ctx
+        except Exception as exc:
+            reward, signals = ctx._outcome((time.perf_counter() - start) * 1000.0, failed=True)
+            try:
+                await self.report(decision, reward=reward, signals=signals)
+            except Exception as send_error:  # noqa: BLE001 - never hide the block's own exception
+                log.warning("could not report the failed decision %s: %r", decision.decision_id, send_error)
+                exc.add_note(f"flywheel: reporting decision {decision.decision_id} failed: {send_error!r}")
+            raise
+        reward, signals = ctx._outcome((time.perf_counter() - start) * 1000.0, failed=False)
+        await self.report(decision, reward=reward, signals=signals)

@@ -69,7 +69,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             catalogue=bus.catalogue,
             spec=bus.catalogue.consumer("optimizer-feedback"),
             message_type=FeedbackEvent,
-            handler=FeedbackHandler(database.sessions, window),
+            batch_handler=FeedbackHandler(database.sessions, window),
         )
     )
     parts.background += [cache.run, decisions.run, lifecycle.run]

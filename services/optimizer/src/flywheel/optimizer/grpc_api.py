@@ -113,6 +113,14 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
             names = await service.endpoint_names(session)
         return admin_pb.ListEndpointsResponse(endpoints=[endpoint_message(await self._cache.load(n)) for n in names])
 
+    async def UpdateEndpoint(
+        self, request: admin_pb.UpdateEndpointRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.UpdateEndpointResponse:
+        async with self._sessions() as session:
+            await service.update_endpoint(session, spec=endpoint_spec(request.endpoint))
+        snap = await self._cache.load(request.endpoint.name)
+        return admin_pb.UpdateEndpointResponse(endpoint=endpoint_message(snap))
+
     async def AddArm(
         self, request: admin_pb.AddArmRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.AddArmResponse:

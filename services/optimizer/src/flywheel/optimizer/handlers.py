@@ -9,33 +9,31 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.core.bus.consumer import Delivery, Reject
 from flywheel.core.errors import InvalidArgument, NotFound
-from flywheel.core.logging import bound, get_logger
 from flywheel.optimizer import service
-
-log = get_logger(__name__)
+from flywheel.optimizer.service import FeedbackItem
 
 
 class FeedbackHandler:
-    """Applies feedback events to posteriors. Invalid, unknown or expired feedback is
-    dead-lettered; feedback for a decision not flushed yet is retried (Unavailable)."""
+    """Applies a batch of feedback events in one transaction. Invalid, unknown or expired
+    feedback is dead-lettered; feedback for a decision not flushed yet is retried."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], window: timedelta) -> None:
         self._sessions = sessions
         self._window = window
 
-    async def __call__(self, event: FeedbackEvent, delivery: Delivery) -> None:
-        with bound(event_id=event.meta.event_id, decision_id=event.decision_id):
-            try:
-                async with self._sessions() as session:
-                    outcome = await service.apply_feedback(
-                        session,
-                        event_id=event.meta.event_id,
-                        decision_id=event.decision_id,
-                        reward=event.reward if event.HasField("reward") else None,
-                        signals=dict(event.signals),
-                        window=self._window,
-                    )
-            except (InvalidArgument, NotFound) as exc:
-                raise Reject(str(exc)) from None
-            if not outcome.applied:
-                log.info("duplicate feedback ignored")
+    async def __call__(self, batch: list[tuple[FeedbackEvent, Delivery]]) -> list[BaseException | None]:
+        items = [
+            FeedbackItem(
+                event_id=e.meta.event_id,
+                decision_id=e.decision_id,
+                reward=e.reward if e.HasField("reward") else None,
+                signals=dict(e.signals),
+            )
+            for e, _ in batch
+        ]
+        async with self._sessions() as session:
+            outcomes = await service.apply_feedback_batch(session, items=items, window=self._window)
+        return [
+            Reject(str(o)) if isinstance(o, InvalidArgument | NotFound) else o if isinstance(o, Exception) else None
+            for o in outcomes
+        ]

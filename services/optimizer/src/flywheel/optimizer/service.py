@@ -7,14 +7,23 @@ exceptions; they never touch gRPC or NATS. Selection lives in selector.py (hot p
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from flywheel.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from flywheel.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ServiceError,
+    Unavailable,
+)
 from flywheel.optimizer import stats
 from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.models import AppliedFeedbackRow, ArmRow, DecisionRow, EndpointRow
@@ -45,6 +54,15 @@ class FeedbackOutcome:
     reward: float
 
 
+async def _commit_unique(session: AsyncSession, message: str) -> None:
+    """Commit; a unique-key clash with a concurrent writer becomes AlreadyExists."""
+    try:
+        await session.commit()
+    except IntegrityError:
+        await session.rollback()
+        raise AlreadyExists(message) from None
+
+
 async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
     validate_endpoint(spec)
     if await session.get(EndpointRow, spec.name) is not None:
@@ -63,7 +81,7 @@ async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
     )
     await session.flush()
     session.add_all(_arm_row(spec.name, i, a) for i, a in enumerate(spec.arms))
-    await session.commit()
+    await _commit_unique(session, f"endpoint {spec.name!r} already exists")
 
 
 async def update_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
@@ -119,7 +137,7 @@ async def add_arm(session: AsyncSession, *, endpoint: str, arm: ArmSpec) -> None
     if any(a.arm_id == arm.arm_id for a in arms):
         raise AlreadyExists(f"arm {arm.arm_id!r} already exists in {endpoint!r}")
     session.add(_arm_row(endpoint, len(arms), arm))
-    await session.commit()
+    await _commit_unique(session, f"arm {arm.arm_id!r} already exists in {endpoint!r}")
 
 
 async def set_arm_status(session: AsyncSession, *, endpoint: str, arm_id: str, status: str) -> None:
@@ -143,6 +161,14 @@ async def set_incumbent(session: AsyncSession, *, endpoint: str, arm_id: str) ->
     await session.execute(update(EndpointRow).where(EndpointRow.name == endpoint).values(incumbent_arm_id=arm_id))
 
 
+@dataclass(frozen=True)
+class FeedbackItem:
+    event_id: str
+    decision_id: str
+    reward: float | None
+    signals: dict[str, float]
+
+
 async def apply_feedback(
     session: AsyncSession,
     *,
@@ -152,57 +178,122 @@ async def apply_feedback(
     signals: dict[str, float],
     window: timedelta,
 ) -> FeedbackOutcome:
-    """Apply one feedback event to its arm's posterior, at most once per event id.
-
-    The dedup row and the statistics increments commit in one transaction, and every
-    counter changes by ``x = x + r`` in SQL, so concurrent replicas never lose an update.
-    """
-    if not event_id:
-        raise InvalidArgument("feedback has no event id (meta.event_id / feedback_id)")
-    if not decision_id:
-        raise InvalidArgument("feedback has no decision_id")
-    if any(not math.isfinite(v) for v in [*([reward] if reward is not None else []), *signals.values()]):
-        raise InvalidArgument("reward and signals must be finite numbers")
-    decision = await session.get(DecisionRow, decision_id)
-    if decision is None:
-        age = decision_age_s(decision_id)
-        if age is not None and age < DECISION_GRACE_S:
-            raise Unavailable(f"decision {decision_id!r} is not logged yet; retry shortly")
-        raise NotFound(f"decision {decision_id!r} is unknown (never logged, or from another deployment)")
-    if datetime.now(UTC) - decision.created_at > window:
-        raise InvalidArgument(f"decision {decision_id!r} is older than the feedback window ({window})")
-    endpoint = await session.get(EndpointRow, decision.endpoint)
-    if endpoint is None:
-        raise NotFound(f"endpoint {decision.endpoint!r} of decision {decision_id!r} no longer exists")
-    try:
-        value = combine_reward(reward, signals, endpoint.reward_spec.get("signal_weights", {}))
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    if endpoint.reward_spec.get("bounded", True):
-        value = min(1.0, max(0.0, value))
-
-    inserted = await session.execute(
-        insert(AppliedFeedbackRow)
-        .values(event_id=event_id, decision_id=decision_id, reward=value)
-        .on_conflict_do_nothing(index_elements=["event_id"])
-        .returning(AppliedFeedbackRow.event_id)
+    """Apply one feedback event (see :func:`apply_feedback_batch`); raises its error."""
+    [outcome] = await apply_feedback_batch(
+        session, items=[FeedbackItem(event_id, decision_id, reward, signals)], window=window
     )
-    applied = inserted.first() is not None
-    if applied:
-        policy = PolicyConfig.from_json({"kind": endpoint.policy_kind, **endpoint.policy})
-        await stats.add_reward(
-            session,
-            endpoint=decision.endpoint,
-            arm_id=decision.arm_id,
-            segments=[decision.segment] if decision.segment else [],
-            policy=policy,
-            reward=value,
-            features=decision.features,
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _check(item: FeedbackItem) -> None:
+    if not item.event_id:
+        raise InvalidArgument("feedback has no event id (meta.event_id / feedback_id)")
+    if not item.decision_id:
+        raise InvalidArgument("feedback has no decision_id")
+    values = [*([item.reward] if item.reward is not None else []), *item.signals.values()]
+    if any(not math.isfinite(v) for v in values):
+        raise InvalidArgument("reward and signals must be finite numbers")
+
+
+def _missing_decision(decision_id: str) -> ServiceError:
+    age = decision_age_s(decision_id)
+    if age is not None and age < DECISION_GRACE_S:
+        return Unavailable(f"decision {decision_id!r} is not logged yet; retry shortly")
+    return NotFound(f"decision {decision_id!r} is unknown (never logged, or from another deployment)")
+
+
+async def apply_feedback_batch(
+    session: AsyncSession, *, items: list[FeedbackItem], window: timedelta
+) -> list[FeedbackOutcome | ServiceError]:
+    """Apply feedback events to their arms' posteriors, each at most once per event id,
+    in one transaction with a handful of statements whatever the batch size.
+
+    The dedup rows and the statistics increments commit together, and every counter
+    changes by ``x = x + r`` in SQL, so concurrent replicas never lose an update. An
+    event's error (invalid, unknown, expired, not logged yet) is returned in its place.
+    """
+    outcomes: list[FeedbackOutcome | ServiceError | None] = [None] * len(items)
+    for i, item in enumerate(items):
+        try:
+            _check(item)
+        except ServiceError as exc:
+            outcomes[i] = exc
+    ids = {it.decision_id for i, it in enumerate(items) if outcomes[i] is None}
+    decisions = (
+        {
+            d.decision_id: d
+            for d in (await session.scalars(select(DecisionRow).where(DecisionRow.decision_id.in_(ids)))).all()
+        }
+        if ids
+        else {}
+    )
+    names = {d.endpoint for d in decisions.values()}
+    endpoints = (
+        {e.name: e for e in (await session.scalars(select(EndpointRow).where(EndpointRow.name.in_(names)))).all()}
+        if names
+        else {}
+    )
+
+    now = datetime.now(UTC)
+    pending: list[tuple[int, DecisionRow, float]] = []
+    for i, item in enumerate(items):
+        if outcomes[i] is not None:
+            continue
+        decision = decisions.get(item.decision_id)
+        if decision is None:
+            outcomes[i] = _missing_decision(item.decision_id)
+            continue
+        endpoint = endpoints.get(decision.endpoint)
+        if endpoint is None:
+            outcomes[i] = NotFound(f"endpoint {decision.endpoint!r} of decision {item.decision_id!r} is gone")
+            continue
+        if now - decision.created_at > window:
+            outcomes[i] = InvalidArgument(f"decision {item.decision_id!r} is older than the feedback window ({window})")
+            continue
+        try:
+            value = combine_reward(item.reward, item.signals, endpoint.reward_spec.get("signal_weights", {}))
+        except ValueError as exc:
+            outcomes[i] = InvalidArgument(str(exc))
+            continue
+        if endpoint.reward_spec.get("bounded", True):
+            value = min(1.0, max(0.0, value))
+        pending.append((i, decision, value))
+
+    applied_ids: set[str] = set()
+    if pending:
+        rows = [{"event_id": items[i].event_id, "decision_id": d.decision_id, "reward": v} for i, d, v in pending]
+        result = await session.execute(
+            insert(AppliedFeedbackRow)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["event_id"])
+            .returning(AppliedFeedbackRow.event_id)
         )
+        applied_ids = set(result.scalars().all())
+
+    increments: dict[tuple[str, str, str], stats.Increment] = defaultdict(stats.Increment)
+    totals: dict[tuple[str, str], stats.Increment] = defaultdict(stats.Increment)
+    for i, decision, value in pending:
+        event_id = items[i].event_id
+        applied = event_id in applied_ids
+        applied_ids.discard(event_id)  # a repeat inside the same batch is a duplicate too
+        outcomes[i] = FeedbackOutcome(applied=applied, endpoint=decision.endpoint, arm_id=decision.arm_id, reward=value)
+        if applied:
+            for segment in {"", decision.segment}:
+                increments[(decision.endpoint, decision.arm_id, segment)].add(value, decision.features)
+            totals[(decision.endpoint, decision.arm_id)].add(value, None)
+    # Sorted, so two replicas lock rows in the same order and cannot deadlock.
+    for (endpoint, arm_id, segment), inc in sorted(increments.items()):
+        row = endpoints[endpoint]
+        policy = PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
+        await stats.add(session, endpoint=endpoint, arm_id=arm_id, segment=segment, policy=policy, inc=inc)
+    for (endpoint, arm_id), inc in sorted(totals.items()):
         await session.execute(
             update(ArmRow)
-            .where(ArmRow.endpoint == decision.endpoint, ArmRow.arm_id == decision.arm_id)
-            .values(pulls=ArmRow.pulls + 1, reward_sum=ArmRow.reward_sum + value)
+            .where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id)
+            .values(pulls=ArmRow.pulls + int(inc.w), reward_sum=ArmRow.reward_sum + inc.s)
         )
     await session.commit()
-    return FeedbackOutcome(applied=applied, endpoint=decision.endpoint, arm_id=decision.arm_id, reward=value)
+    assert all(o is not None for o in outcomes)
+    return outcomes  # type: ignore[return-value]

@@ -8,6 +8,7 @@ endpoints decay the stored evidence by 0.5^(elapsed / half_life) as they add to 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -40,25 +41,34 @@ def _array_update(column: str, factor: str) -> str:
     )
 
 
-async def add_reward(
-    session: AsyncSession,
-    *,
-    endpoint: str,
-    arm_id: str,
-    segments: list[str],
-    policy: PolicyConfig,
-    reward: float,
-    features: list[float] | None,
+@dataclass
+class Increment:
+    """What a batch of rewards adds to one arm's statistics (in one segment)."""
+
+    w: float = 0.0
+    s: float = 0.0
+    ss: float = 0.0
+    xtx: np.ndarray | None = None
+    xty: np.ndarray | None = None
+
+    def add(self, reward: float, features: list[float] | None) -> None:
+        self.w += 1.0
+        self.s += reward
+        self.ss += reward * reward
+        if features is not None:
+            x = np.asarray(features, dtype=float)
+            self.xtx = np.outer(x, x) if self.xtx is None else self.xtx + np.outer(x, x)
+            self.xty = reward * x if self.xty is None else self.xty + reward * x
+
+
+async def add(
+    session: AsyncSession, *, endpoint: str, arm_id: str, segment: str, policy: PolicyConfig, inc: Increment
 ) -> None:
-    """Add one reward to the arm's endpoint-wide statistics and to each given segment's."""
+    """Add an increment to one arm's statistics (one segment; '' is endpoint-wide)."""
     factor = _decay(policy, "EXCLUDED.as_of", "st.as_of")
-    xtx = xty = None
-    if features is not None:
-        x = np.asarray(features, dtype=float)
-        xtx, xty = np.outer(x, x).ravel().tolist(), (reward * x).tolist()
     sql = text(f"""
         INSERT INTO arm_stats AS st (endpoint, arm_id, segment, bucket, w, s, ss, xtx, xty, as_of)
-        VALUES (:endpoint, :arm_id, :segment, {_bucket(policy)}, 1.0, :r, :r2, :xtx, :xty, now())
+        VALUES (:endpoint, :arm_id, :segment, {_bucket(policy)}, :w, :s, :ss, :xtx, :xty, now())
         ON CONFLICT (endpoint, arm_id, segment, bucket) DO UPDATE SET
             w = st.w * {factor} + EXCLUDED.w,
             s = st.s * {factor} + EXCLUDED.s,
@@ -67,19 +77,19 @@ async def add_reward(
             xty = {_array_update("xty", factor)},
             as_of = greatest(st.as_of, EXCLUDED.as_of)
     """)  # noqa: S608 - only numbers from validated settings are formatted in
-    for segment in ["", *segments]:
-        await session.execute(
-            sql,
-            {
-                "endpoint": endpoint,
-                "arm_id": arm_id,
-                "segment": segment,
-                "r": reward,
-                "r2": reward * reward,
-                "xtx": xtx,
-                "xty": xty,
-            },
-        )
+    await session.execute(
+        sql,
+        {
+            "endpoint": endpoint,
+            "arm_id": arm_id,
+            "segment": segment,
+            "w": inc.w,
+            "s": inc.s,
+            "ss": inc.ss,
+            "xtx": None if inc.xtx is None else inc.xtx.ravel().tolist(),
+            "xty": None if inc.xty is None else inc.xty.tolist(),
+        },
+    )
 
 
 def aggregate(policy: PolicyConfig, arm_ids: list[str], rows: list[Any], now: datetime, d: int = 0) -> Stats:

@@ -1,11 +1,16 @@
 """A durable pull consumer that never lets one bad message stop the ones behind it.
 
-For each message: decode by Content-Type, run the handler, ack. A payload that does
-not decode, or that the handler rejects with :class:`Reject`, is published to the
-dead-letter subject with the reason and then acked. Any other exception is a
-transient failure: the message is nak'ed with a backoff and redelivered, and after
-``max_deliver`` attempts it is dead-lettered too. Handlers must therefore be
-idempotent (the optimizer's dedups by event id inside the same transaction).
+For each fetched batch: decode every message by Content-Type, hand the decoded events
+to the handler, then settle each message by its own outcome. A payload that does not
+decode, or that the handler rejects with :class:`Reject`, is published to the
+dead-letter subject with the reason and then acked. Any other exception is a transient
+failure: the message is nak'ed with a backoff and redelivered, and after ``max_deliver``
+attempts it is dead-lettered too. Handlers must therefore be idempotent (the
+optimizer's dedups by event id inside the same transaction).
+
+A handler takes one event (``handler=``), or a whole batch (``batch_handler=``) when
+one transaction per batch is what makes it fast; it then returns one outcome per event
+(None for done, or the exception for that event).
 """
 
 from __future__ import annotations
@@ -51,6 +56,23 @@ class Delivery:
 
 
 Handler = Callable[[M, Delivery], Awaitable[None]]
+BatchHandler = Callable[[list[tuple[M, Delivery]]], Awaitable[list[BaseException | None]]]
+
+
+def per_event(handler: Handler[M]) -> BatchHandler[M]:
+    """Run a one-event handler over a batch, one event after another."""
+
+    async def run(items: list[tuple[M, Delivery]]) -> list[BaseException | None]:
+        outcomes: list[BaseException | None] = []
+        for event, delivery in items:
+            try:
+                await handler(event, delivery)
+                outcomes.append(None)
+            except Exception as exc:  # noqa: BLE001 - settled per message by the consumer
+                outcomes.append(exc)
+        return outcomes
+
+    return run
 
 
 class EventConsumer(Generic[M]):
@@ -63,15 +85,18 @@ class EventConsumer(Generic[M]):
         catalogue: Catalogue,
         spec: ConsumerSpec,
         message_type: type[M],
-        handler: Handler[M],
-        batch_size: int = 64,
+        handler: Handler[M] | None = None,
+        batch_handler: BatchHandler[M] | None = None,
+        batch_size: int = 256,
         fetch_timeout_s: float = 0.5,
     ) -> None:
         self._js = js
         self._catalogue = catalogue
         self._spec = spec
         self._message_type = message_type
-        self._handler = handler
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
+        self._handle_batch = batch_handler or per_event(handler)  # type: ignore[arg-type]
         self._publisher = Publisher(js)
         self._batch_size = batch_size
         self._fetch_timeout_s = fetch_timeout_s
@@ -114,42 +139,47 @@ class EventConsumer(Generic[M]):
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
-            for msg in messages:
-                await self._process(msg)
+            await self._process(messages)
 
-    async def _process(self, msg: Msg) -> None:
-        meta = msg.metadata
-        delivery = Delivery(
-            subject=msg.subject,
-            headers=dict(msg.headers or {}),
-            stream_sequence=meta.sequence.stream,
-            num_delivered=meta.num_delivered,
-        )
+    async def _process(self, messages: list[Msg]) -> None:
         started = time.perf_counter()
-        with bound(consumer=self.name, subject=msg.subject, seq=delivery.stream_sequence):
+        decoded: list[tuple[Msg, M, Delivery]] = []
+        for msg in messages:
+            meta = msg.metadata
+            delivery = Delivery(
+                subject=msg.subject,
+                headers=dict(msg.headers or {}),
+                stream_sequence=meta.sequence.stream,
+                num_delivered=meta.num_delivered,
+            )
             try:
-                event = decode(msg.data, delivery.headers, self._message_type)
+                decoded.append((msg, decode(msg.data, delivery.headers, self._message_type), delivery))
             except MalformedEvent as exc:
                 await self._dead_letter(msg, delivery, str(exc))
-                return
-            try:
-                await self._handler(event, delivery)
-            except Reject as exc:
-                await self._dead_letter(msg, delivery, str(exc))
-                return
-            except Exception as exc:  # noqa: BLE001 - a handler bug or an outage must not stop the loop
-                if delivery.num_delivered >= self._spec.max_deliver:
-                    await self._dead_letter(
-                        msg, delivery, f"failed {delivery.num_delivered} times, last error: {exc!r}"
-                    )
-                    return
-                log.warning("handler failed; will retry", error=repr(exc), attempt=delivery.num_delivered)
+        if not decoded:
+            return
+        try:
+            outcomes = await self._handle_batch([(event, delivery) for _, event, delivery in decoded])
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed (e.g. PostgreSQL away)
+            outcomes = [exc] * len(decoded)
+        for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
+            await self._settle(msg, delivery, outcome)
+        EVENT_SECONDS.labels(self.name).observe((time.perf_counter() - started) / len(decoded))
+
+    async def _settle(self, msg: Msg, delivery: Delivery, outcome: BaseException | None) -> None:
+        with bound(consumer=self.name, subject=delivery.subject, seq=delivery.stream_sequence):
+            if outcome is None:
+                await msg.ack()
+                EVENTS_TOTAL.labels(self.name, "ack").inc()
+            elif isinstance(outcome, Reject):
+                await self._dead_letter(msg, delivery, str(outcome))
+            elif delivery.num_delivered >= self._spec.max_deliver:
+                reason = f"failed {delivery.num_delivered} times, last error: {outcome!r}"
+                await self._dead_letter(msg, delivery, reason)
+            else:
+                log.warning("handler failed; will retry", error=repr(outcome), attempt=delivery.num_delivered)
                 EVENTS_TOTAL.labels(self.name, "retry").inc()
                 await msg.nak(delay=min(0.2 * 2**delivery.num_delivered, 10.0))
-                return
-            await msg.ack()
-            EVENTS_TOTAL.labels(self.name, "ack").inc()
-            EVENT_SECONDS.labels(self.name).observe(time.perf_counter() - started)
 
     async def _dead_letter(self, msg: Msg, delivery: Delivery, reason: str) -> None:
         letter = DeadLetter(

@@ -1,8 +1,8 @@
 """From posterior draws to the distribution an arm is sampled from.
 
-The service computes p once per posterior snapshot (m of about 1000-4000 joint draws),
-applies traffic caps and the exploration floor with `constrain`, and samples every
-Select from that p with `sample`. The propensity it logs is therefore exactly the
+The service computes p once per posterior snapshot (m of about 1000-4000 joint draws)
+with `thompson_probabilities` (Thompson probabilities, traffic caps, exploration floor)
+and samples every Select from that p with `sample`. The propensity it logs is therefore exactly the
 probability the arm was sampled with, which is what off-policy evaluation needs.
 """
 
@@ -61,6 +61,10 @@ def constrain(p: np.ndarray, *, floor: float = 0.0, caps: np.ndarray | None = No
     the unconstrained arms is kept. Arms with p_i = 0 sit at the floor unless the caps leave
     mass that only they can take, which they then share evenly.
 
+    When p comes from posterior draws, `thompson_probabilities` is the better tool for caps:
+    it hands a capped arm's excess to the arms that would win without it, which p cannot
+    tell when they all have p = 0.
+
     Raises ValueError when floor * k > 1, a cap is below the floor, or the caps sum below 1.
     """
     probs = np.asarray(p, dtype=float)
@@ -87,6 +91,40 @@ def constrain(p: np.ndarray, *, floor: float = 0.0, caps: np.ndarray | None = No
             raise ValueError("caps cannot make a distribution")
         out[zero] = rest
     return out / out.sum()
+
+
+def thompson_probabilities(draws: np.ndarray, *, floor: float = 0.0, caps: np.ndarray | None = None) -> np.ndarray:
+    """The service's p: Thompson probabilities from joint draws, with caps and the floor applied.
+
+    An arm over its cap is fixed at the cap, and the mass left is shared by the other arms
+    in proportion to how often each is best *among them* in the same draws (what Thompson
+    sampling would do if the capped arm were not there); repeat until no arm is over its
+    cap, then apply the floor with `constrain`. This differs from `constrain` on
+    `action_probabilities` when a capped arm wins nearly every draw: p alone then says
+    nothing about which of the others is next best, the draws do.
+    """
+    d = np.asarray(draws, dtype=float)
+    k = d.shape[1] if d.ndim == 2 else 0
+    if caps is None:
+        q = action_probabilities(d)
+    else:
+        hi = np.asarray(caps, dtype=float)
+        if hi.shape != (k,) or np.any(hi <= 0) or hi.sum() < 1 - 1e-9:
+            raise ValueError("caps must be one share in (0, 1] per arm, summing to at least 1")
+        capped = np.zeros(k, dtype=bool)
+        q = np.zeros(k)
+        while True:
+            free = ~capped
+            share = action_probabilities(d[:, free]) * (1.0 - float(hi[capped].sum()))
+            over = share > hi[free] + 1e-12
+            if not over.any():
+                q[free] = share
+                q[capped] = hi[capped]
+                break
+            capped[np.flatnonzero(free)[over]] = True
+    if floor > 0 or caps is not None:
+        q = constrain(q, floor=floor, caps=caps)
+    return q
 
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:

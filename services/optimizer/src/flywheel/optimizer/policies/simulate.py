@@ -13,7 +13,7 @@ to ``now`` by `drift.decay_factor` before anything is added to it or read from i
 prior is never discounted), which is the `drift` contract the service follows.
 
 Selection: with caps or an exploration floor, `select` does what the service does, p =
-`constrain(action_probabilities(m joint draws))` then `sample(p)`. Without them, for
+`thompson_probabilities(m joint draws, floor, caps)` then sampling from p. Without them, for
 speed, it takes the argmax of a single joint posterior draw: that has exactly the
 distribution p estimates (the service's p is a Monte Carlo estimate of it).
 """
@@ -27,7 +27,7 @@ import numpy as np
 from flywheel.optimizer.policies import beta as beta_family
 from flywheel.optimizer.policies import gaussian, linear
 from flywheel.optimizer.policies.drift import decay_factor, decay_factors
-from flywheel.optimizer.policies.selection import action_probabilities, constrain
+from flywheel.optimizer.policies.selection import constrain, thompson_probabilities
 
 Kind = Literal["beta", "gaussian", "linear"]
 
@@ -125,11 +125,9 @@ class ThompsonAgent:
     def probabilities(
         self, rng: np.random.Generator, context: np.ndarray | None = None, *, now: float | None = None
     ) -> np.ndarray:
-        """p as the service computes it: constrained action probabilities of m joint draws."""
-        p = action_probabilities(self.draws(rng, self.snapshot_draws, context, now=now))
-        if self.exploration_floor or self.caps is not None:
-            p = constrain(p, floor=self.exploration_floor, caps=self.caps)
-        return p
+        """p as the service computes it: `thompson_probabilities` of m joint draws."""
+        d = self.draws(rng, self.snapshot_draws, context, now=now)
+        return thompson_probabilities(d, floor=self.exploration_floor, caps=self.caps)
 
     # --- acting --------------------------------------------------------------------------
 

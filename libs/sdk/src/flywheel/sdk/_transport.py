@@ -1,0 +1,120 @@
+"""Pieces the async and sync clients share: request building, and feedback over NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
+
+from flywheel.api.common.v1.common_pb2 import EventMeta
+from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
+from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.api.subjects import Catalogue
+from flywheel.sdk.decision import Decision, check_feedback
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as Nats
+
+
+def metadata(auth_token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+
+
+def credentials(tls_root_certificates: bytes | None) -> grpc.ChannelCredentials | None:
+    return grpc.ssl_channel_credentials(tls_root_certificates) if tls_root_certificates else None
+
+
+def select_request(
+    endpoint: str, user_id: str, context: dict[str, Any] | None, session_id: str
+) -> sel_pb.SelectRequest:
+    ctx = Struct()
+    ctx.update(context or {})
+    return sel_pb.SelectRequest(endpoint=endpoint, user_id=user_id, context=ctx, session_id=session_id)
+
+
+def decision_from(endpoint: str, resp: sel_pb.SelectResponse) -> Decision:
+    return Decision(
+        decision_id=resp.decision_id,
+        endpoint=endpoint,
+        arm_id=resp.arm_id,
+        params=json_format.MessageToDict(resp.params),
+        probability=resp.probability,
+    )
+
+
+def update_request(
+    decision_id: str, reward: float | None, signals: dict[str, float] | None, feedback_id: str | None
+) -> sel_pb.UpdateRequest:
+    check_feedback(reward, signals)
+    request = sel_pb.UpdateRequest(
+        decision_id=decision_id, signals=signals or {}, feedback_id=feedback_id or uuid.uuid4().hex
+    )
+    if reward is not None:
+        request.reward = reward
+    return request
+
+
+class NatsFeedback:
+    """Publishes FeedbackEvents on JetStream. Connects on first use, on the loop it is used from.
+
+    The event id is also JetStream's ``Nats-Msg-Id``, so a retried publish is stored once and
+    the optimizer applies it once.
+    """
+
+    def __init__(self, *, url: str, user: str | None, password: str | None, namespace: str, source: str) -> None:
+        self._args: dict[str, Any] = {"servers": [url], "user": user, "password": password}
+        self._catalogue = Catalogue(namespace)
+        self._source = source
+        self._nc: Nats | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _connection(self) -> Nats:
+        if self._nc is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if self._nc is None:
+                    import nats  # lazily: only products that publish on NATS pay for importing it
+
+                    self._nc = await nats.connect(**self._args)
+        return self._nc
+
+    async def publish(
+        self,
+        *,
+        endpoint: str,
+        decision_id: str,
+        reward: float | None,
+        signals: dict[str, float] | None,
+        event_id: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> str:
+        check_feedback(reward, signals)
+        subject = self._catalogue.feedback(endpoint)
+        event_id = event_id or uuid.uuid4().hex
+        event = FeedbackEvent(
+            meta=EventMeta(event_id=event_id, source=self._source),
+            decision_id=decision_id,
+            endpoint=endpoint,
+            signals=signals or {},
+        )
+        event.meta.time.GetCurrentTime()
+        if reward is not None:
+            event.reward = reward
+        nc = await self._connection()
+        await nc.jetstream().publish(
+            subject,
+            event.SerializeToString(),
+            headers={"Content-Type": "application/protobuf", "Nats-Msg-Id": event_id},
+            timeout=timeout_s,
+        )
+        return event_id
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            nc, self._nc = self._nc, None
+            await nc.close()  # every publish was already acked by JetStream
