@@ -56,13 +56,18 @@ def context(**values: float | str) -> Struct:
     return s
 
 
-@pytest.fixture
-async def optimizer(launch):
-    proc = launch(
+@pytest.fixture(scope="module")
+def optimizer_process(launch_module):
+    return launch_module(
         "optimizer",
         env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3", "FLYWHEEL_OPTIMIZER_REFRESH_INTERVAL_S": "0.2"},
     )
-    async with grpc.aio.insecure_channel(proc.address) as channel:
+
+
+@pytest.fixture
+async def optimizer(optimizer_process):
+    """One optimizer for the module: every test uses endpoints of its own."""
+    async with grpc.aio.insecure_channel(optimizer_process.address) as channel:
         yield (
             admin_grpc.EndpointAdminServiceStub(channel),
             sel_grpc.SelectionServiceStub(channel),

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
@@ -47,11 +47,15 @@ def servers() -> Iterator[Servers]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def new_isolation() -> dict[str, str]:
+    tag = uuid.uuid4().hex[:10]
+    return {"namespace": f"t{tag}", "schema": f"t_{tag}", "bucket_prefix": f"t{tag}"}
+
+
 @pytest.fixture
 def isolation() -> dict[str, str]:
     """A fresh namespace, schema and bucket prefix for one test."""
-    tag = uuid.uuid4().hex[:10]
-    return {"namespace": f"t{tag}", "schema": f"t_{tag}", "bucket_prefix": f"t{tag}"}
+    return new_isolation()
 
 
 @pytest.fixture
@@ -60,27 +64,47 @@ def stack_env(servers: Servers, isolation: dict[str, str]) -> dict[str, str]:
     return servers.env(**isolation)
 
 
-@pytest.fixture
-def launch(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
-    """Start a service as a real process (migrating first if it owns tables); stopped after the test."""
-    started: list[ServiceProcess] = []
-    migrated: set[str] = set()
+class Launcher:
+    """Starts services as real processes (migrating first if they own tables) and stops them."""
 
-    def _launch(name: str, *, env: dict[str, str] | None = None, wait: bool = True) -> ServiceProcess:
-        full_env = {**stack_env, **(env or {})}
-        if name in MIGRATED and name not in migrated:
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self._log_dir = log_dir
+        self._started: list[ServiceProcess] = []
+        self._migrated: set[str] = set()
+
+    def __call__(self, name: str, *, env: dict[str, str] | None = None, wait: bool = True) -> ServiceProcess:
+        full_env = {**self.env, **(env or {})}
+        if name in MIGRATED and name not in self._migrated:
             migrate(name, full_env)
-            migrated.add(name)
-        proc = ServiceProcess(name, env=full_env, log_dir=tmp_path / "services")
+            self._migrated.add(name)
+        proc = ServiceProcess(name, env=full_env, log_dir=self._log_dir)
         proc.start()
-        started.append(proc)
+        self._started.append(proc)
         if wait:
             proc.wait_serving()
         return proc
 
-    yield _launch
-    for proc in reversed(started):
-        proc.stop()
+    def stop_all(self) -> None:
+        for proc in reversed(self._started):
+            proc.stop()
+
+
+@pytest.fixture
+def launch(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Launcher]:
+    """Start services for one test; they are stopped after it."""
+    launcher = Launcher(stack_env, tmp_path / "services")
+    yield launcher
+    launcher.stop_all()
+
+
+@pytest.fixture(scope="module")
+def launch_module(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """Start services shared by a module's tests (each test uses its own names inside
+    them), in an isolation of the module's own (``launch_module.env``)."""
+    launcher = Launcher(servers.env(**new_isolation()), tmp_path_factory.mktemp("services"))
+    yield launcher
+    launcher.stop_all()
 
 
 @pytest.fixture
