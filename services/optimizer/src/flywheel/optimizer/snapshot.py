@@ -76,8 +76,9 @@ def selection_probabilities(
         None if stats.xtx is None else stats.xtx[idx],
         None if stats.xty is None else stats.xty[idx],
     )
-    p_live = selection.action_probabilities(posterior.draws(policy, live_stats, rng, m, x=x))
-    p_live = selection.constrain(p_live, floor=policy.exploration_floor, caps=caps[idx])
+    # Capped mass goes to the arm that would win without the capped one, not pro rata.
+    draws = posterior.draws(policy, live_stats, rng, m, x=x)
+    p_live = selection.thompson_probabilities(draws, floor=policy.exploration_floor, caps=caps[idx])
     out = np.zeros(len(live))
     out[idx] = p_live
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtrit
 
 from flywheel.optimizer.policies.summary import Summary
 
@@ -89,7 +89,7 @@ def summarize(n: float, s: float, ss: float, prior: NigPrior | None = None) -> S
     post = posterior(n, s, ss, prior or NigPrior())
     mean = float(post.mean)
     scale = float(np.sqrt(post.b / (post.a * post.kappa)))
-    half = float(stats.t.ppf(0.975, 2.0 * float(post.a))) * scale
+    half = float(stdtrit(2.0 * float(post.a), 0.975)) * scale  # Student-t quantile
     return Summary(mean, mean - half, mean + half)
 
 
