@@ -126,3 +126,17 @@ async def test_late_and_never_logged_feedback_is_dead_lettered(launch, nats_clie
     assert "older than the feedback window" in reasons["late"]
     assert "not logged yet" in reasons["ghost"]
     assert "failed 5 times" in reasons["ghost"]
+
+
+async def test_a_burst_of_4000_decisions_is_logged_in_full(launch):
+    optimizer = launch("optimizer")
+    async with grpc.aio.insecure_channel(optimizer.address) as channel:
+        await admin_grpc.EndpointAdminServiceStub(channel).CreateEndpoint(three_arm_endpoint("support-bot"))
+        sel = sel_grpc.SelectionServiceStub(channel)
+        request = sel_pb.SelectBatchRequest(requests=[sel_pb.SelectRequest(endpoint="support-bot")] * 1000)
+        batches = await asyncio.gather(*(sel.SelectBatch(request) for _ in range(4)))
+        # More rows than one INSERT may bind: every decision must still be logged.
+        for batch in batches:
+            for d in (batch.decisions[0], batch.decisions[-1]):
+                reply = await sel.Update(sel_pb.UpdateRequest(decision_id=d.decision_id, reward=1.0))
+                assert reply.applied

@@ -70,6 +70,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             spec=bus.catalogue.consumer("optimizer-feedback"),
             message_type=FeedbackEvent,
             batch_handler=FeedbackHandler(database.sessions, window),
+            batch_size=1000,  # one transaction per 1000 events when there is a backlog
         )
     )
     parts.background += [cache.run, decisions.run, lifecycle.run]

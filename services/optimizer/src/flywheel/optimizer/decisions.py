@@ -30,6 +30,7 @@ from flywheel.core.logging import get_logger
 from flywheel.optimizer.models import DecisionRow
 
 log = get_logger(__name__)
+ROWS_PER_INSERT = 1000
 
 
 def new_decision_id() -> str:
@@ -107,12 +108,22 @@ class DecisionLog:
                 return 0
             try:
                 await self._write(batch)
-            except Exception:
-                self._buffer[:0] = batch  # keep order; retried by the next flush
+            except BaseException:
+                # Put it back on any failure, cancellation (SIGTERM) included: a retried
+                # batch is harmless (rows ON CONFLICT DO NOTHING, events dedup by id).
+                self._buffer[:0] = batch
                 raise
             return len(batch)
 
     async def _write(self, batch: list[Decision]) -> None:
+        # asyncpg takes at most 32,767 bind parameters per statement (11 per row here).
+        for start in range(0, len(batch), ROWS_PER_INSERT):
+            await self._insert(batch[start : start + ROWS_PER_INSERT])
+        # Rows first: a consumer of the event may look the decision up. A retried batch is
+        # harmless: rows are inserted once and events carry the decision id as Nats-Msg-Id.
+        await asyncio.gather(*(self._publish(d) for d in batch))
+
+    async def _insert(self, batch: list[Decision]) -> None:
         async with self._sessions() as session:
             await session.execute(
                 insert(DecisionRow)
@@ -137,9 +148,6 @@ class DecisionLog:
                 .on_conflict_do_nothing(index_elements=["decision_id"])
             )
             await session.commit()
-        # Rows first: a consumer of the event may look the decision up. A retried batch is
-        # harmless: rows are inserted once and events carry the decision id as Nats-Msg-Id.
-        await asyncio.gather(*(self._publish(d) for d in batch))
 
     async def _publish(self, d: Decision) -> None:
         stamp = Timestamp()

@@ -11,8 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Float, String, any_, bindparam, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -26,7 +26,7 @@ from flywheel.core.errors import (
 )
 from flywheel.optimizer import stats
 from flywheel.optimizer.decisions import decision_age_s
-from flywheel.optimizer.models import AppliedFeedbackRow, ArmRow, DecisionRow, EndpointRow
+from flywheel.optimizer.models import ArmRow, DecisionRow, EndpointRow
 from flywheel.optimizer.rewards import combine_reward
 from flywheel.optimizer.spec import (
     ACTIVE,
@@ -44,6 +44,26 @@ from flywheel.optimizer.spec import (
 # Feedback for a decision younger than this that is not in the log yet is retried, not
 # rejected: the deciding replica may not have flushed it.
 DECISION_GRACE_S = 30.0
+
+# The two statements of a feedback batch take arrays, so each is compiled (and prepared by
+# asyncpg) once, whatever the batch size; a multi-row VALUES is compiled anew per batch.
+_DECISIONS = select(
+    DecisionRow.decision_id,
+    DecisionRow.endpoint,
+    DecisionRow.arm_id,
+    DecisionRow.segment,
+    DecisionRow.features,
+    DecisionRow.created_at,
+).where(DecisionRow.decision_id == any_(bindparam("ids", type_=ARRAY(String))))
+_DEDUP = text(
+    "INSERT INTO applied_feedback (event_id, decision_id, reward) "
+    "SELECT * FROM unnest(:event_ids, :decision_ids, :rewards) "
+    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+).bindparams(
+    bindparam("event_ids", type_=ARRAY(String)),
+    bindparam("decision_ids", type_=ARRAY(String)),
+    bindparam("rewards", type_=ARRAY(Float)),
+)
 
 
 @dataclass(frozen=True)
@@ -221,14 +241,7 @@ async def apply_feedback_batch(
         except ServiceError as exc:
             outcomes[i] = exc
     ids = {it.decision_id for i, it in enumerate(items) if outcomes[i] is None}
-    decisions = (
-        {
-            d.decision_id: d
-            for d in (await session.scalars(select(DecisionRow).where(DecisionRow.decision_id.in_(ids)))).all()
-        }
-        if ids
-        else {}
-    )
+    decisions = {d.decision_id: d for d in (await session.execute(_DECISIONS, {"ids": list(ids)})).all()} if ids else {}
     names = {d.endpoint for d in decisions.values()}
     endpoints = (
         {e.name: e for e in (await session.scalars(select(EndpointRow).where(EndpointRow.name.in_(names)))).all()}
@@ -259,16 +272,17 @@ async def apply_feedback_batch(
             continue
         if endpoint.reward_spec.get("bounded", True):
             value = min(1.0, max(0.0, value))
-        pending.append((i, decision, value))
+        pending.append((i, decision, value))  # type: ignore[arg-type]  # a Row with DecisionRow's columns
 
     applied_ids: set[str] = set()
     if pending:
-        rows = [{"event_id": items[i].event_id, "decision_id": d.decision_id, "reward": v} for i, d, v in pending]
         result = await session.execute(
-            insert(AppliedFeedbackRow)
-            .values(rows)
-            .on_conflict_do_nothing(index_elements=["event_id"])
-            .returning(AppliedFeedbackRow.event_id)
+            _DEDUP,
+            {
+                "event_ids": [items[i].event_id for i, _, _ in pending],
+                "decision_ids": [d.decision_id for _, d, _ in pending],
+                "rewards": [v for _, _, v in pending],
+            },
         )
         applied_ids = set(result.scalars().all())
 
