@@ -105,7 +105,7 @@ class Params:
 
 def params_for(quick: bool) -> Params:
     if quick:
-        return Params(quick=True, rounds=1, warmup_s=1, saturate_s=4, latency_s=4, batch_s=3)
+        return Params(quick=True, rounds=1, warmup_s=1, saturate_s=3, latency_s=3, batch_s=2)
     return Params(quick=False, rounds=2, warmup_s=2, saturate_s=8, latency_s=7, batch_s=5)
 
 
