@@ -41,6 +41,10 @@ class PosteriorCache:
     def snapshots(self) -> list[EndpointSnapshot]:
         return list(self._snapshots.values())
 
+    def cached(self, name: str) -> EndpointSnapshot | None:
+        """The cached snapshot, or None (no await on the hot path)."""
+        return self._snapshots.get(name)
+
     async def get(self, name: str) -> EndpointSnapshot:
         """The cached snapshot, loading it on a miss (NotFound if the endpoint does not exist)."""
         found = self._snapshots.get(name)

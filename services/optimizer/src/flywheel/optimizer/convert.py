@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
+from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.optimizer.snapshot import EndpointSnapshot
@@ -38,7 +38,31 @@ def struct(value: dict[str, Any]) -> Struct:
 
 
 def from_struct(value: Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(value)
+    """The Struct as plain Python values, as ``json_format.MessageToDict`` gives them (numbers are
+    floats; NaN and infinities are refused), without its generic per-field machinery."""
+    return {key: _from_value(v) for key, v in value.fields.items()}
+
+
+def _from_list(value: ListValue) -> list[Any]:
+    return [_from_value(v) for v in value.values]
+
+
+def _from_value(value: Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        number = value.number_value
+        if math.isinf(number) or math.isnan(number):
+            raise ValueError(f"Fail to serialize {number} for Value.number_value")
+        return number
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return from_struct(value.struct_value)
+    if kind == "list_value":
+        return _from_list(value.list_value)
+    return None
 
 
 def arm_spec(arm: pb.Arm) -> ArmSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,6 @@ from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.common.v1.common_pb2 import EventMeta
@@ -27,10 +27,16 @@ from flywheel.api.optimizer.v1 import events_pb2
 from flywheel.api.subjects import Catalogue
 from flywheel.core.bus.publisher import Publisher
 from flywheel.core.logging import get_logger
-from flywheel.optimizer.models import DecisionRow
 
 log = get_logger(__name__)
-ROWS_PER_INSERT = 1000
+
+# One prepared statement, executed for every row of a batch (asyncpg's executemany runs in one
+# transaction and pipelines the rows): no SQL compiled per flush, and no bind-parameter limit.
+_INSERT = (
+    "INSERT INTO decisions (decision_id, endpoint, arm_id, probability, user_id, session_id, segment,"
+    " context, features, sticky, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8::json, $9, $10, $11)"
+    " ON CONFLICT (decision_id) DO NOTHING"
+)
 
 
 def new_decision_id() -> str:
@@ -60,6 +66,10 @@ class Decision:
     features: list[float] | None = None
     sticky: bool = False
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # The same params and context as protobuf Structs when the caller has them (the snapshot's
+    # prebuilt params, the request's context): the response and the event copy them as they are.
+    params_struct: Struct | None = field(default=None, compare=False, repr=False)
+    context_struct: Struct | None = field(default=None, compare=False, repr=False)
 
 
 class DecisionLog:
@@ -116,46 +126,44 @@ class DecisionLog:
             return len(batch)
 
     async def _write(self, batch: list[Decision]) -> None:
-        # asyncpg takes at most 32,767 bind parameters per statement (11 per row here).
-        for start in range(0, len(batch), ROWS_PER_INSERT):
-            await self._insert(batch[start : start + ROWS_PER_INSERT])
+        rows = [
+            (
+                d.decision_id,
+                d.endpoint,
+                d.arm_id,
+                d.probability,
+                d.user_id,
+                d.session_id,
+                d.segment,
+                json.dumps(d.context),
+                d.features,
+                d.sticky,
+                d.created_at,
+            )
+            for d in batch
+        ]
+        async with self._sessions() as session:
+            conn = await session.connection()
+            raw = await conn.get_raw_connection()
+            await raw.driver_connection.executemany(_INSERT, rows)  # type: ignore[union-attr]
         # Rows first: a consumer of the event may look the decision up. A retried batch is
         # harmless: rows are inserted once and events carry the decision id as Nats-Msg-Id.
-        await asyncio.gather(*(self._publish(d) for d in batch))
+        await self._publisher.publish_many(
+            [(self._catalogue.decision(d.endpoint), self._event(d), d.decision_id) for d in batch]
+        )
 
-    async def _insert(self, batch: list[Decision]) -> None:
-        async with self._sessions() as session:
-            await session.execute(
-                insert(DecisionRow)
-                .values(
-                    [
-                        {
-                            "decision_id": d.decision_id,
-                            "endpoint": d.endpoint,
-                            "arm_id": d.arm_id,
-                            "probability": d.probability,
-                            "user_id": d.user_id,
-                            "session_id": d.session_id,
-                            "segment": d.segment,
-                            "context": d.context,
-                            "features": d.features,
-                            "sticky": d.sticky,
-                            "created_at": d.created_at,
-                        }
-                        for d in batch
-                    ]
-                )
-                .on_conflict_do_nothing(index_elements=["decision_id"])
-            )
-            await session.commit()
-
-    async def _publish(self, d: Decision) -> None:
+    @staticmethod
+    def _event(d: Decision) -> events_pb2.DecisionEvent:
         stamp = Timestamp()
         stamp.FromDatetime(d.created_at)
-        params, context = Struct(), Struct()
-        params.update(d.params)
-        context.update(d.context)
-        event = events_pb2.DecisionEvent(
+        params, context = d.params_struct, d.context_struct
+        if params is None:
+            params = Struct()
+            params.update(d.params)
+        if context is None:
+            context = Struct()
+            context.update(d.context)
+        return events_pb2.DecisionEvent(
             meta=EventMeta(event_id=d.decision_id, time=stamp, source="optimizer"),
             decision_id=d.decision_id,
             endpoint=d.endpoint,
@@ -166,4 +174,3 @@ class DecisionLog:
             context=context,
             session_id=d.session_id,
         )
-        await self._publisher.publish(self._catalogue.decision(d.endpoint), event)

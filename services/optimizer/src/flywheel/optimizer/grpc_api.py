@@ -28,9 +28,8 @@ MAX_BATCH = 1000
 
 
 def _response(d: Decision) -> sel_pb.SelectResponse:
-    return sel_pb.SelectResponse(
-        decision_id=d.decision_id, arm_id=d.arm_id, params=struct(d.params), probability=d.probability
-    )
+    params = d.params_struct if d.params_struct is not None else struct(d.params)
+    return sel_pb.SelectResponse(decision_id=d.decision_id, arm_id=d.arm_id, params=params, probability=d.probability)
 
 
 class SelectionServicer(sel_grpc.SelectionServiceServicer):
@@ -49,11 +48,13 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         self._window = feedback_window
 
     async def _select(self, r: sel_pb.SelectRequest) -> Decision:
+        has_context = r.HasField("context")
         return await self._selector.select(
             endpoint=r.endpoint,
             user_id=r.user_id,
             session_id=r.session_id,
-            context=from_struct(r.context) if r.HasField("context") else {},
+            context=from_struct(r.context) if has_context else {},
+            context_struct=r.context if has_context else None,
         )
 
     async def Select(self, request: sel_pb.SelectRequest, context: grpc.aio.ServicerContext) -> sel_pb.SelectResponse:

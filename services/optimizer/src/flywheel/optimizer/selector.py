@@ -3,11 +3,14 @@ round trip unless a segment or a session is seen for the first time)."""
 
 from __future__ import annotations
 
+import bisect
+import random
 import time
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+from google.protobuf.struct_pb2 import Struct
 from sqlalchemy import select as sql_select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -79,19 +82,27 @@ class Selector:
         self._log = log
         self._sticky = sticky
         self._rng = np.random.default_rng()
+        self._uniform = random.Random().random  # noqa: S311 - sampling an arm, not a secret
 
     async def select(
-        self, *, endpoint: str, user_id: str = "", session_id: str = "", context: dict[str, Any] | None = None
+        self,
+        *,
+        endpoint: str,
+        user_id: str = "",
+        session_id: str = "",
+        context: dict[str, Any] | None = None,
+        context_struct: Struct | None = None,
     ) -> Decision:
         if not endpoint:
             raise InvalidArgument("endpoint name is empty")
         context = context or {}
-        snap = await self._cache.get(endpoint)
+        snap = self._cache.cached(endpoint) or await self._cache.get(endpoint)
         policy = snap.policy
         if policy.sticky_sessions and session_id:
             arm_id = await self._sticky.get(endpoint, session_id, policy.sticky_ttl_s)
             if arm_id is not None and arm_id in snap.arm_ids and snap.statuses[snap.arm_ids.index(arm_id)] != RETIRED:
-                return self._decide(snap, snap.arm_ids.index(arm_id), 1.0, user_id, session_id, context, sticky=True)
+                index = snap.arm_ids.index(arm_id)
+                return self._decide(snap, index, 1.0, user_id, session_id, context, context_struct, sticky=True)
         features = None
         segment = segment_of(snap, user_id, context)
         if policy.kind == LINEAR:
@@ -101,10 +112,16 @@ class Selector:
         elif segment:
             p = snap.probabilities_for(await self._cache.segment_stats(snap, segment), self._rng, m=1000)
         else:
-            p = snap.probabilities
-        index = selection.sample(p, self._rng)
+            p = None
+        if p is None:  # the snapshot's own distribution: one uniform draw, bisect on its cdf
+            cdf = snap.cdf
+            index = min(bisect.bisect_right(cdf, self._uniform() * cdf[-1]), len(cdf) - 1)
+            probability = float(snap.probabilities[index])
+        else:
+            index = selection.sample(p, self._rng)
+            probability = float(p[index])
         decision = self._decide(
-            snap, index, float(p[index]), user_id, session_id, context, segment=segment, features=features
+            snap, index, probability, user_id, session_id, context, context_struct, segment=segment, features=features
         )
         if policy.sticky_sessions and session_id:
             self._sticky.remember(endpoint, session_id, decision.arm_id, time.time())
@@ -118,6 +135,7 @@ class Selector:
         user_id: str,
         session_id: str,
         context: dict[str, Any],
+        context_struct: Struct | None,
         *,
         segment: str = "",
         features: list[float] | None = None,
@@ -135,6 +153,8 @@ class Selector:
             context=context,
             features=features,
             sticky=sticky,
+            params_struct=snap.params_structs[index],
+            context_struct=context_struct,
         )
         self._log.record(decision)
         return decision

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
+from google.protobuf.struct_pb2 import Struct
 
 from flywheel.optimizer import posterior
 from flywheel.optimizer.policies import incumbent, selection
@@ -43,6 +45,21 @@ class EndpointSnapshot:
     stored_incumbent: str
     created_at: datetime
     as_of: datetime
+
+    @cached_property
+    def cdf(self) -> list[float]:
+        """Cumulative ``probabilities`` as floats: Select draws an arm from it with bisect."""
+        return [float(x) for x in np.cumsum(self.probabilities)]
+
+    @cached_property
+    def params_structs(self) -> list[Struct]:
+        """Each arm's params as a Struct, built once: Select copies it into the response."""
+        out = []
+        for params in self.params:
+            s = Struct()
+            s.update(params)
+            out.append(s)
+        return out
 
     @property
     def live(self) -> np.ndarray:
