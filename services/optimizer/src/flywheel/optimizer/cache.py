@@ -34,6 +34,10 @@ class PosteriorCache:
         self._sessions = sessions
         self._interval = refresh_interval_s
         self._snapshots: dict[str, EndpointSnapshot] = {}
+        # When each snapshot's read began (monotonic), and the reload in flight per endpoint:
+        # lets concurrent callers that need a post-commit view share one reload (``fresh``).
+        self._read_at: dict[str, float] = {}
+        self._inflight: dict[str, tuple[float, asyncio.Future[EndpointSnapshot]]] = {}
         self._segments: OrderedDict[tuple[str, str], tuple[float, Stats]] = OrderedDict()
         self._max_segments = max_segments
         self._rng = np.random.default_rng()
@@ -52,6 +56,7 @@ class PosteriorCache:
 
     async def load(self, name: str) -> EndpointSnapshot:
         """Reload one endpoint from the database now."""
+        started = time.monotonic()
         async with self._sessions() as session:
             row = await session.get(EndpointRow, name)
             if row is None:
@@ -59,14 +64,38 @@ class PosteriorCache:
                 raise NotFound(f"endpoint {name!r} does not exist")
             built = await self._build(session, [row])
         self._snapshots[name] = built[name]
+        self._read_at[name] = max(started, self._read_at.get(name, 0.0))
         return built[name]
+
+    async def fresh(self, name: str, *, since: float) -> EndpointSnapshot:
+        """A snapshot whose read began at or after ``since`` (``time.monotonic()``), so it sees
+        every commit made before then. Concurrent callers share one reload: under a burst of
+        Update calls the endpoint is read once per round, not once per call."""
+        if self._read_at.get(name, -1.0) >= since and name in self._snapshots:
+            return self._snapshots[name]
+        inflight = self._inflight.get(name)
+        if inflight is not None and inflight[0] >= since:
+            return await asyncio.shield(inflight[1])
+        started = time.monotonic()
+        task = asyncio.ensure_future(self.load(name))
+        self._inflight[name] = (started, task)
+        task.add_done_callback(lambda done: self._forget(name, done))
+        return await asyncio.shield(task)
+
+    def _forget(self, name: str, done: asyncio.Future[EndpointSnapshot]) -> None:
+        if self._inflight.get(name, (0.0, None))[1] is done:
+            del self._inflight[name]
+        if not done.cancelled():
+            done.exception()  # retrieved here so a failed shared reload is not reported as unhandled
 
     async def refresh(self) -> None:
         """Reload every endpoint in one pass (three queries)."""
+        started = time.monotonic()
         async with self._sessions() as session:
             rows = list((await session.scalars(select(EndpointRow))).all())
             built = await self._build(session, rows)
         self._snapshots = built
+        self._read_at = dict.fromkeys(built, started)
 
     async def run(self) -> None:
         """Refresh forever (a background task of the service)."""

@@ -3,6 +3,7 @@ off-policy evaluation. Each method validates, calls the domain layer, converts."
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, timedelta
 
@@ -84,7 +85,8 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
             await self._log.flush()  # the decision may still be in this replica's buffer
             async with self._sessions() as session:
                 outcome = await service.apply_feedback(session, **kwargs)
-        snap = await self._cache.load(outcome.endpoint)
+        committed = time.monotonic()
+        snap = await self._cache.fresh(outcome.endpoint, since=committed)
         return sel_pb.UpdateResponse(applied=outcome.applied, stats=arm_stats(snap, snap.arm_ids.index(outcome.arm_id)))
 
 
