@@ -1,7 +1,7 @@
 """Exactly-once feedback throughput: Flywheel's optimizer against a raw nats-py consumer and
 FastStream, then a kill -9 of the optimizer mid-stream.
 
-    python bench/feedback/run.py [--quick] [--variants baseline,sql,sql+batch1000+acks]
+    python bench/feedback/run.py [--quick]
 
 Real NATS (JetStream), PostgreSQL and S3 start under a temporary folder, the optimizer's
 schema is migrated, and the real optimizer process creates one endpoint per contestant and
@@ -27,11 +27,6 @@ starts the optimizer, SIGKILLs it once about a third is applied, restarts it and
 its consumer has nothing pending or unacked. What the killed process held unacked comes
 back after the consumer's ack_wait (30 s), so this phase lasts at least that long.
 
-``--variants`` also runs the optimizer through variants.py with proposed consumer changes
-applied in-process, each on its own endpoint and stream, in alternating order over two
-rounds, and reports each one's rate against the unchanged service ("baseline") of the same
-round.
-
 Every process started here (servers, optimizer, peers) is stopped by pid, also on failure,
 and the temporary folder is removed (``--keep`` keeps it, with the logs).
 """
@@ -47,7 +42,6 @@ import platform
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,11 +80,10 @@ ARMS = ("small", "large", "creative")
 REWARDS = (0.0, 0.25, 0.5, 0.75, 1.0)  # exact in binary: sums compare exactly
 DURABLE = "optimizer-feedback"
 
-FULL = {"events": 200_000, "peer_events": 20_000, "crash_events": 30_000, "variant_events": 40_000}
-QUICK = {"events": 20_000, "peer_events": 3_000, "crash_events": 6_000, "variant_events": 10_000}
+FULL = {"events": 200_000, "peer_events": 20_000, "crash_events": 30_000}
+QUICK = {"events": 20_000, "peer_events": 3_000, "crash_events": 6_000}
 EVENTS_PER_DECISION = 4
 CRASH_DUPLICATE_FRACTION = 0.1
-VARIANT_ROUNDS = 2
 GOALS = {"flywheel_vs_raw_natspy": 0.8, "flywheel_vs_faststream": 3.0}
 
 SELECT_BATCH = 1000  # the most SelectBatch takes
@@ -107,26 +100,10 @@ def log(*args: object) -> None:
 
 
 class Optimizer(ServiceProcess):
-    """The real optimizer process, or (``variant``) the same service through variants.py."""
+    """The real optimizer process (`python -m flywheel.optimizer`)."""
 
-    def __init__(self, *, env: dict[str, str], log_dir: Path, variant: str | None = None) -> None:
+    def __init__(self, *, env: dict[str, str], log_dir: Path) -> None:
         super().__init__("optimizer", env=env, log_dir=log_dir)
-        self.variant = variant
-
-    def start(self) -> None:
-        if self.variant is None:
-            super().start()
-            return
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as out:
-            self._proc = subprocess.Popen(
-                [sys.executable, str(HERE / "variants.py")],
-                env={**os.environ, **self.env, "BENCH_VARIANT": self.variant},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid_file.write_text(str(self._proc.pid))
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -439,20 +416,9 @@ def decisions_for(events: int) -> int:
 
 
 class Run:
-    def __init__(
-        self,
-        root: Path,
-        params: dict[str, Any],
-        seed: int,
-        variants: list[str],
-        rounds: int = 2,
-        flywheel_variant: str | None = None,
-    ) -> None:
+    def __init__(self, root: Path, params: dict[str, Any], seed: int) -> None:
         self.root = root
         self.params = params
-        self.variants = variants
-        self.rounds = rounds
-        self.flywheel_variant = flywheel_variant  # None: the unchanged `python -m flywheel.optimizer`
         self.rng = random.Random(seed)
         self.servers = Servers.create(root / "servers")
         self.procs: list[Any] = []
@@ -462,9 +428,8 @@ class Run:
     def env(self, namespace: str) -> dict[str, str]:
         return self.servers.env(namespace=namespace, schema=SCHEMA, bucket_prefix="bench")
 
-    def optimizer(self, namespace: str = FLYWHEEL_NS, variant: str | None = None) -> Optimizer:
-        variant = variant if namespace != FLYWHEEL_NS else self.flywheel_variant
-        proc = Optimizer(env=self.env(namespace), log_dir=self.root / "services" / namespace, variant=variant)
+    def optimizer(self) -> Optimizer:
+        proc = Optimizer(env=self.env(FLYWHEEL_NS), log_dir=self.root / "services" / FLYWHEEL_NS)
         self.procs.append(proc)
         return proc
 
@@ -501,14 +466,10 @@ class Run:
 
     async def _run(self, pool: asyncpg.Pool, js: Any) -> None:
         p = self.params
-        variant_endpoints = {
-            (v, r): f"bench-v{i}-r{r}" for r in range(self.rounds) for i, v in enumerate(self.variants)
-        }
         wanted = {
             "bench-flywheel": decisions_for(p["events"]),
             **{f"bench-{kind}": decisions_for(p["peer_events"]) for kind in PEERS},
             "bench-crash": decisions_for(p["crash_events"]),
-            **{e: decisions_for(p["variant_events"]) for e in variant_endpoints.values()},
         }
         started = time.perf_counter()
         optimizer = self.optimizer()
@@ -520,7 +481,7 @@ class Run:
         self.figures["decisions"] = {"made_by_select_batch": made, "seconds": round(time.perf_counter() - started, 1)}
         log(f"{made:,} decisions through SelectBatch in {self.figures['decisions']['seconds']} s")
 
-        for ns in (FLYWHEEL_NS, *PEERS.values(), *{f"bv{i}" for i in range(len(self.variants))}):
+        for ns in (FLYWHEEL_NS, *PEERS.values()):
             cat = Catalogue(ns)
             await ensure_stream(js, cat.streams[cat.consumer(DURABLE).stream])
 
@@ -534,8 +495,6 @@ class Run:
         self.figures["throughput"] = throughput
 
         self.figures["crash"] = await self._crash(pool, js, decisions["bench-crash"])
-        if self.variants:
-            self.figures["variants"] = await self._variants(pool, js, decisions, variant_endpoints)
 
     async def _drain(
         self, pool: asyncpg.Pool, js: Any, work: Workload, ns: str, durable: str, proc: Any
@@ -593,38 +552,6 @@ class Run:
             "publish": pub,
             **checks,
         }
-
-    async def _variants(
-        self,
-        pool: asyncpg.Pool,
-        js: Any,
-        decisions: dict[str, list[tuple[str, str]]],
-        endpoints: dict[tuple[str, int], str],
-    ) -> dict[str, Any]:
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in self.variants}
-        for r in range(self.rounds):
-            order = list(enumerate(self.variants))
-            for i, v in order if r % 2 == 0 else reversed(order):
-                endpoint = endpoints[(v, r)]
-                work = make_workload(
-                    endpoint, decisions[endpoint], self.params["variant_events"], f"v{i}r{r}", self.rng
-                )
-                ns = f"bv{i}"
-                result = await self._drain(pool, js, work, ns, DURABLE, self.optimizer(ns, variant=v))
-                runs[v].append(result)
-        out: dict[str, Any] = {}
-        for v, results in runs.items():
-            rates = [x["updates_per_s"] for x in results]
-            out[v] = {
-                "updates_per_s": rates,
-                "consumer_cpu_us_per_update": [x["consumer_cpu_us_per_update"] for x in results],
-                "exactly_once": all(x["exactly_once"] for x in results),
-            }
-            if "baseline" in runs:
-                paired = [a / b["updates_per_s"] for a, b in zip(rates, runs["baseline"], strict=True)]
-                out[v]["vs_baseline_per_round"] = [round(x, 3) for x in paired]
-                out[v]["vs_baseline"] = round(statistics.fmean(paired), 3)
-        return out
 
 
 def durable_of(kind: str) -> str:
@@ -707,16 +634,6 @@ def render(result: dict[str, Any]) -> str:
     for name, value in result["ratios"].items():
         goal = result["goals"][name]
         lines.append(f"{name:<28}{value:>8.2f}{goal:>8.2f}  {'yes' if value >= goal else 'NO'}")
-    if "variants" in f:
-        lines += [
-            "",
-            f"optimizer variants (variants.py), {p['variant_events']:,} events each, {p['variant_rounds']} rounds:",
-        ]
-        for v, r in f["variants"].items():
-            rates = " / ".join(f"{x:,.0f}" for x in r["updates_per_s"])
-            cpus = " / ".join(f"{x:,.0f}" for x in r["consumer_cpu_us_per_update"])
-            gain = f"  x{r['vs_baseline']:.2f} vs baseline" if "vs_baseline" in r else ""
-            lines.append(f"  {v:<26} {rates:>17} updates/s  CPU {cpus} us/update{gain}")
     lines.append(f"({f['seconds']} s)")
     return "\n".join(lines)
 
@@ -726,24 +643,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help=f"{QUICK['events']:,} events instead of {FULL['events']:,}"
     )
-    parser.add_argument("--variants", default="", help="comma-separated variants.py variants to measure too")
-    parser.add_argument("--variant-rounds", type=int, default=VARIANT_ROUNDS, help="rounds of --variants")
-    parser.add_argument(
-        "--flywheel-variant", default=None, help="run Flywheel itself (and the crash) as this variants.py variant"
-    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
     args = parser.parse_args(argv)
     params = dict(QUICK if args.quick else FULL)
-    variants = [v for v in args.variants.split(",") if v]
 
     def on_term(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds through the cleanup below
 
     signal.signal(signal.SIGTERM, on_term)
     root = Path(tempfile.mkdtemp(prefix="flywheel-bench-feedback-"))
-    run = Run(root, params, args.seed, variants, args.variant_rounds, args.flywheel_variant)
+    run = Run(root, params, args.seed)
     try:
         asyncio.run(run.main())
     finally:
@@ -772,11 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             **params,
             "events_per_decision": EVENTS_PER_DECISION,
             "crash_duplicate_fraction": CRASH_DUPLICATE_FRACTION,
-            "flywheel": f"variants.py {args.flywheel_variant}"
-            if args.flywheel_variant
-            else "python -m flywheel.optimizer",
-            "variants": variants,
-            "variant_rounds": args.variant_rounds if variants else 0,
+            "flywheel": "python -m flywheel.optimizer",
             "publish_in_flight": PUBLISH_IN_FLIGHT,
             "poll_interval_s": POLL_S,
             "peer_fetch_batch": 256,
