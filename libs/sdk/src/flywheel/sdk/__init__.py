@@ -4,6 +4,7 @@
   ``update`` (gRPC), ``decide`` (select, time the block, report once).
 - ``flywheel.sdk.convergence``: The Convergence's ``configure_runtime``, ``runtime_select``
   and ``runtime_update`` on Flywheel.
+- ``flywheel.sdk.tracing``: ``trace``, span helpers and ``instrument`` (agent traces to the trace store).
 - ``flywheel.sdk.admin`` and the ``flywheel`` command (``flywheel.sdk.cli``): endpoints from
   YAML files, their posteriors, and off-policy evaluation.
 """
@@ -11,5 +12,14 @@
 from flywheel.sdk.client import FlywheelClient
 from flywheel.sdk.decision import Decision, DecisionContext
 from flywheel.sdk.sync import SyncFlywheelClient
+from flywheel.sdk.tracing import configure_tracing, instrument, trace
 
-__all__ = ["Decision", "DecisionContext", "FlywheelClient", "SyncFlywheelClient"]
+__all__ = [
+    "Decision",
+    "DecisionContext",
+    "FlywheelClient",
+    "SyncFlywheelClient",
+    "configure_tracing",
+    "instrument",
+    "trace",
+]

@@ -7,13 +7,20 @@ from pathlib import Path
 from flywheel.api.optimizer.v1.events_pb2 import DecisionEvent, FeedbackEvent
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
+from flywheel.api.traces.v1.spans_pb2 import SpanBatch
 from flywheel.core import entrypoint
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
+from flywheel.trace_store import exports, segments
+from flywheel.trace_store.exports import Exporter
 from flywheel.trace_store.grpc_api import TraceStoreServicer
-from flywheel.trace_store.handlers import DecisionHandler, FeedbackHandler
+from flywheel.trace_store.handlers import DecisionHandler, FeedbackHandler, SpanBatchHandler
+from flywheel.trace_store.ingest import SpanWriter
+from flywheel.trace_store.retention import Eraser, sweep_forever
+from flywheel.trace_store.segments import SegmentStore
 from flywheel.trace_store.settings import TraceStoreSettings
+from flywheel.trace_store.spans import Limits
 
 NAME = "trace_store"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -22,11 +29,24 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
     bus = await connect_bus(settings.nats, name=NAME, parts=parts)
     database = connect_database(settings.db, parts=parts)
-    connect_objects(settings.s3, parts=parts)  # span segments; checked for readiness
+    objects = connect_objects(settings.s3, parts=parts)
+    for purpose in (segments.PURPOSE, exports.PURPOSE):
+        await objects.ensure_bucket(purpose)
+    store = SegmentStore(objects)
+    writer = SpanWriter(database.engine, store)
+    eraser = Eraser(database.engine, store)
+    limits = Limits(
+        max_attributes_bytes=settings.max_attributes_bytes,
+        max_text_bytes=settings.max_text_bytes,
+        max_spans_per_batch=settings.max_spans_per_batch,
+    )
+    exporter = Exporter(database.sessions, objects, bus.publisher, bus.catalogue)
     parts.servicers.append(
         (
             pb_grpc.add_TraceStoreServiceServicer_to_server,
-            TraceStoreServicer(database.sessions),
+            TraceStoreServicer(
+                database.sessions, writer=writer, segments=store, exporter=exporter, eraser=eraser, limits=limits
+            ),
             pb.DESCRIPTOR.services_by_name["TraceStoreService"].full_name,
         )
     )
@@ -43,6 +63,26 @@ async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
                 handler=handler,
             )
         )
+    parts.consumers.append(
+        EventConsumer(
+            js=bus.js,
+            catalogue=bus.catalogue,
+            spec=bus.catalogue.consumer("trace-store-traces"),
+            message_type=SpanBatch,
+            batch_handler=SpanBatchHandler(writer, limits),
+            batch_size=settings.ingest_batch_size,
+        )
+    )
+
+    async def sweep() -> None:
+        await sweep_forever(
+            eraser,
+            retention_days=settings.retention_days,
+            default_days=settings.default_retention_days,
+            interval_s=settings.retention_interval_s,
+        )
+
+    parts.background.append(sweep)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Event handlers of the trace store: record decisions and feedback."""
+"""Event handlers of the trace store: record decisions, feedback and span batches."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.optimizer.v1.events_pb2 import DecisionEvent, FeedbackEvent
+from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch
 from flywheel.core.bus.consumer import Delivery, Reject
 from flywheel.core.errors import InvalidArgument
 from flywheel.trace_store import service
+from flywheel.trace_store.ingest import SpanWriter
+from flywheel.trace_store.spans import InvalidSpan, Limits, validate_batch
 
 
 def _time(ts: Timestamp) -> datetime:
@@ -56,3 +59,28 @@ class FeedbackHandler:
                 )
         except InvalidArgument as exc:
             raise Reject(str(exc)) from None
+
+
+class SpanBatchHandler:
+    """Stores every valid batch of a fetch in one durable write; an invalid batch (bad ids,
+    unknown kind, parent cycle, oversized attributes...) is dead-lettered with the reason."""
+
+    def __init__(self, writer: SpanWriter, limits: Limits) -> None:
+        self._writer = writer
+        self._limits = limits
+
+    async def __call__(self, items: list[tuple[SpanBatch, Delivery]]) -> list[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(items)
+        valid: list[tuple[int, list[Span]]] = []
+        for i, (batch, delivery) in enumerate(items):
+            agent = delivery.subject.rsplit(".", 1)[-1]  # flywheel.product.traces.<agent>
+            try:
+                valid.append((i, validate_batch(batch, default_agent=agent, limits=self._limits)))
+            except InvalidSpan as exc:
+                outcomes[i] = Reject(str(exc))
+        if valid:
+            results = await self._writer.write([spans for _, spans in valid])
+            for (i, _), result in zip(valid, results, strict=True):
+                if isinstance(result, InvalidSpan):
+                    outcomes[i] = Reject(str(result))
+        return outcomes

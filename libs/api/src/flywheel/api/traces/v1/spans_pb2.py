@@ -27,19 +27,19 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"flywheel/api/traces/v1/spans.proto\x12\x16\x66lywheel.api.traces.v1\x1a#flywheel/api/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf8\x03\n\x04Span\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12\x16\n\x0eparent_span_id\x18\x03 \x01(\t\x12.\n\x04kind\x18\x04 \x01(\x0e\x32 .flywheel.api.traces.v1.SpanKind\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x07 \x01(\t\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05model\x18\n \x01(\t\x12\x14\n\x0cinput_tokens\x18\x0b \x01(\x03\x12\x15\n\routput_tokens\x18\x0c \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\r \x01(\x01\x12\x32\n\x06status\x18\x0e \x01(\x0e\x32\".flywheel.api.traces.v1.SpanStatus\x12+\n\nattributes\x18\x0f \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x06reward\x18\x10 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nreward_min\x18\x11 \x01(\x01\x12\x12\n\nreward_max\x18\x12 \x01(\x01\x42\t\n\x07_reward\"i\n\tSpanBatch\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12+\n\x05spans\x18\x02 \x03(\x0b\x32\x1c.flywheel.api.traces.v1.Span*\xb1\x01\n\x08SpanKind\x12\x19\n\x15SPAN_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10SPAN_KIND_PROMPT\x10\x01\x12\x12\n\x0eSPAN_KIND_TOOL\x10\x02\x12\x14\n\x10SPAN_KIND_REWARD\x10\x03\x12\x1a\n\x16SPAN_KIND_COORDINATION\x10\x04\x12\x15\n\x11SPAN_KIND_CONTENT\x10\x05\x12\x17\n\x13SPAN_KIND_REASONING\x10\x06*T\n\nSpanStatus\x12\x1b\n\x17SPAN_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPAN_STATUS_OK\x10\x01\x12\x15\n\x11SPAN_STATUS_ERROR\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"flywheel/api/traces/v1/spans.proto\x12\x16\x66lywheel.api.traces.v1\x1a#flywheel/api/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x04\n\x04Span\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12\x16\n\x0eparent_span_id\x18\x03 \x01(\t\x12.\n\x04kind\x18\x04 \x01(\x0e\x32 .flywheel.api.traces.v1.SpanKind\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x07 \x01(\t\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05model\x18\n \x01(\t\x12\x14\n\x0cinput_tokens\x18\x0b \x01(\x03\x12\x15\n\routput_tokens\x18\x0c \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\r \x01(\x01\x12\x32\n\x06status\x18\x0e \x01(\x0e\x32\".flywheel.api.traces.v1.SpanStatus\x12+\n\nattributes\x18\x0f \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x06reward\x18\x10 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nreward_min\x18\x11 \x01(\x01\x12\x12\n\nreward_max\x18\x12 \x01(\x01\x12\x0f\n\x07user_id\x18\x13 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x14 \x01(\t\x12\r\n\x05input\x18\x15 \x01(\t\x12\x0e\n\x06output\x18\x16 \x01(\tB\t\n\x07_reward\"i\n\tSpanBatch\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12+\n\x05spans\x18\x02 \x03(\x0b\x32\x1c.flywheel.api.traces.v1.Span*\xb1\x01\n\x08SpanKind\x12\x19\n\x15SPAN_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10SPAN_KIND_PROMPT\x10\x01\x12\x12\n\x0eSPAN_KIND_TOOL\x10\x02\x12\x14\n\x10SPAN_KIND_REWARD\x10\x03\x12\x1a\n\x16SPAN_KIND_COORDINATION\x10\x04\x12\x15\n\x11SPAN_KIND_CONTENT\x10\x05\x12\x17\n\x13SPAN_KIND_REASONING\x10\x06*T\n\nSpanStatus\x12\x1b\n\x17SPAN_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPAN_STATUS_OK\x10\x01\x12\x15\n\x11SPAN_STATUS_ERROR\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.api.traces.v1.spans_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPANKIND']._serialized_start=777
-  _globals['_SPANKIND']._serialized_end=954
-  _globals['_SPANSTATUS']._serialized_start=956
-  _globals['_SPANSTATUS']._serialized_end=1040
+  _globals['_SPANKIND']._serialized_start=843
+  _globals['_SPANKIND']._serialized_end=1020
+  _globals['_SPANSTATUS']._serialized_start=1022
+  _globals['_SPANSTATUS']._serialized_end=1106
   _globals['_SPAN']._serialized_start=163
-  _globals['_SPAN']._serialized_end=667
-  _globals['_SPANBATCH']._serialized_start=669
-  _globals['_SPANBATCH']._serialized_end=774
+  _globals['_SPAN']._serialized_end=733
+  _globals['_SPANBATCH']._serialized_start=735
+  _globals['_SPANBATCH']._serialized_end=840
 # @@protoc_insertion_point(module_scope)

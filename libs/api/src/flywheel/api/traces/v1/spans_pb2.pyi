@@ -89,6 +89,10 @@ class Span(_message.Message):
     REWARD_FIELD_NUMBER: _builtins.int
     REWARD_MIN_FIELD_NUMBER: _builtins.int
     REWARD_MAX_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
     trace_id: _builtins.str
     """32 hex chars (16 bytes)."""
     span_id: _builtins.str
@@ -110,6 +114,13 @@ class Span(_message.Message):
     """For reward spans: the value and its declared scale, so rewards are normalised before summing."""
     reward_min: _builtins.float
     reward_max: _builtins.float
+    user_id: _builtins.str
+    """End user the trace served (erasure by user deletes every trace carrying it)."""
+    endpoint: _builtins.str
+    """Flywheel endpoint the trace served; filled from the decision when empty."""
+    input: _builtins.str
+    """What went into the step (the prompt, the tool arguments) and what came out."""
+    output: _builtins.str
     @_builtins.property
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -137,10 +148,14 @@ class Span(_message.Message):
         reward: _builtins.float | None = ...,
         reward_min: _builtins.float = ...,
         reward_max: _builtins.float = ...,
+        user_id: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        input: _builtins.str = ...,
+        output: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "attributes", b"attributes", "end_time", b"end_time", "reward", b"reward", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "agent", b"agent", "attributes", b"attributes", "cost_usd", b"cost_usd", "decision_id", b"decision_id", "end_time", b"end_time", "input_tokens", b"input_tokens", "kind", b"kind", "model", b"model", "name", b"name", "output_tokens", b"output_tokens", "parent_span_id", b"parent_span_id", "reward", b"reward", "reward_max", b"reward_max", "reward_min", b"reward_min", "span_id", b"span_id", "start_time", b"start_time", "status", b"status", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "agent", b"agent", "attributes", b"attributes", "cost_usd", b"cost_usd", "decision_id", b"decision_id", "end_time", b"end_time", "endpoint", b"endpoint", "input", b"input", "input_tokens", b"input_tokens", "kind", b"kind", "model", b"model", "name", b"name", "output", b"output", "output_tokens", b"output_tokens", "parent_span_id", b"parent_span_id", "reward", b"reward", "reward_max", b"reward_max", "reward_min", b"reward_min", "span_id", b"span_id", "start_time", b"start_time", "status", b"status", "trace_id", b"trace_id", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__reward: _TypeAlias = _typing.Literal["reward"]  # noqa: Y015
     _WhichOneofArgType__reward: _TypeAlias = _typing.Literal["_reward", b"_reward"]  # noqa: Y015

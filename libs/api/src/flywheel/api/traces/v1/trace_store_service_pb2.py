@@ -28,7 +28,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0flywheel/api/traces/v1/trace_store_service.proto\x12\x16\x66lywheel.api.traces.v1\x1a#flywheel/api/common/v1/common.proto\x1a\"flywheel/api/traces/v1/spans.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"A\n\rIngestRequest\x12\x30\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32!.flywheel.api.traces.v1.SpanBatch\"8\n\x0eIngestResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x14\n\x0cspans_stored\x18\x02 \x01(\x05\"#\n\x0fGetTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\"?\n\x10GetTraceResponse\x12+\n\x05spans\x18\x01 \x03(\x0b\x32\x1c.flywheel.api.traces.v1.Span\"\xbe\x02\n\x12QueryTracesRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12/\n\x0bstart_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cstart_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x12\x17\n\nmin_reward\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x0c\n\x04text\x18\x08 \x01(\t\x12\x31\n\x04page\x18\t \x01(\x0b\x32#.flywheel.api.common.v1.PageRequestB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"\xa8\x01\n\x0cTraceSummary\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nspan_count\x18\x04 \x01(\x05\x12\x13\n\x06reward\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x06 \x01(\tB\t\n\x07_reward\"d\n\x13QueryTracesResponse\x12\x34\n\x06traces\x18\x01 \x03(\x0b\x32$.flywheel.api.traces.v1.TraceSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe2\x01\n\x0e\x46\x65\x65\x64\x62\x61\x63kRecord\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x13\n\x06reward\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x44\n\x07signals\x18\x03 \x03(\x0b\x32\x33.flywheel.api.traces.v1.FeedbackRecord.SignalsEntry\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_reward\"\xfb\x01\n\x0e\x44\x65\x63isionRecord\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x03 \x01(\t\x12\x13\n\x0bprobability\x18\x04 \x01(\x01\x12\x0f\n\x07user_id\x18\x05 \x01(\t\x12(\n\x07\x63ontext\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12(\n\x04time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x08\x66\x65\x65\x64\x62\x61\x63k\x18\x08 \x03(\x0b\x32&.flywheel.api.traces.v1.FeedbackRecord\")\n\x12GetDecisionRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"O\n\x13GetDecisionResponse\x12\x38\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32&.flywheel.api.traces.v1.DecisionRecord\"\xa2\x01\n\x14\x45xportDatasetRequest\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.flywheel.api.traces.v1.DatasetKind\x12:\n\x06\x66ilter\x18\x02 \x01(\x0b\x32*.flywheel.api.traces.v1.QueryTracesRequest\x12\x1b\n\x13validation_fraction\x18\x03 \x01(\x01\"n\n\x15\x45xportDatasetResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x14\n\x0cmanifest_uri\x18\x02 \x01(\t\x12\x12\n\ntrain_rows\x18\x03 \x01(\x03\x12\x17\n\x0fvalidation_rows\x18\x04 \x01(\x03*w\n\x0b\x44\x61tasetKind\x12\x1c\n\x18\x44\x41TASET_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44\x41TASET_KIND_PREFERENCE\x10\x01\x12\x14\n\x10\x44\x41TASET_KIND_SFT\x10\x02\x12\x17\n\x13\x44\x41TASET_KIND_REWARD\x10\x03\x32\x8d\x04\n\x11TraceStoreService\x12[\n\x06Ingest\x12%.flywheel.api.traces.v1.IngestRequest\x1a&.flywheel.api.traces.v1.IngestResponse(\x01\x30\x01\x12]\n\x08GetTrace\x12\'.flywheel.api.traces.v1.GetTraceRequest\x1a(.flywheel.api.traces.v1.GetTraceResponse\x12\x66\n\x0bQueryTraces\x12*.flywheel.api.traces.v1.QueryTracesRequest\x1a+.flywheel.api.traces.v1.QueryTracesResponse\x12\x66\n\x0bGetDecision\x12*.flywheel.api.traces.v1.GetDecisionRequest\x1a+.flywheel.api.traces.v1.GetDecisionResponse\x12l\n\rExportDataset\x12,.flywheel.api.traces.v1.ExportDatasetRequest\x1a-.flywheel.api.traces.v1.ExportDatasetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0flywheel/api/traces/v1/trace_store_service.proto\x12\x16\x66lywheel.api.traces.v1\x1a#flywheel/api/common/v1/common.proto\x1a\"flywheel/api/traces/v1/spans.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"A\n\rIngestRequest\x12\x30\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32!.flywheel.api.traces.v1.SpanBatch\"Q\n\x0eIngestResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x14\n\x0cspans_stored\x18\x02 \x01(\x05\x12\x17\n\x0fspans_duplicate\x18\x03 \x01(\x05\"#\n\x0fGetTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\"\xbe\x01\n\x10GetTraceResponse\x12+\n\x05spans\x18\x01 \x03(\x0b\x32\x1c.flywheel.api.traces.v1.Span\x12\x0e\n\x06\x64\x65pths\x18\x02 \x03(\x05\x12\x33\n\x05trace\x18\x03 \x01(\x0b\x32$.flywheel.api.traces.v1.TraceSummary\x12\x38\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32&.flywheel.api.traces.v1.DecisionRecord\"\xf2\x02\n\x12QueryTracesRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12/\n\x0bstart_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cstart_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x12\x17\n\nmin_reward\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x0c\n\x04text\x18\x08 \x01(\t\x12\x31\n\x04page\x18\t \x01(\x0b\x32#.flywheel.api.common.v1.PageRequest\x12\x32\n\x06status\x18\n \x01(\x0e\x32\".flywheel.api.traces.v1.SpanStatusB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"\xbb\x02\n\x0cTraceSummary\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nspan_count\x18\x04 \x01(\x05\x12\x13\n\x06reward\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x06 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12\x32\n\x06status\x18\t \x01(\x0e\x32\".flywheel.api.traces.v1.SpanStatus\x12\x0f\n\x07user_id\x18\n \x01(\t\x12,\n\x08\x65nd_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.TimestampB\t\n\x07_reward\"d\n\x13QueryTracesResponse\x12\x34\n\x06traces\x18\x01 \x03(\x0b\x32$.flywheel.api.traces.v1.TraceSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe2\x01\n\x0e\x46\x65\x65\x64\x62\x61\x63kRecord\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x13\n\x06reward\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x44\n\x07signals\x18\x03 \x03(\x0b\x32\x33.flywheel.api.traces.v1.FeedbackRecord.SignalsEntry\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_reward\"\xfb\x01\n\x0e\x44\x65\x63isionRecord\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x03 \x01(\t\x12\x13\n\x0bprobability\x18\x04 \x01(\x01\x12\x0f\n\x07user_id\x18\x05 \x01(\t\x12(\n\x07\x63ontext\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12(\n\x04time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x08\x66\x65\x65\x64\x62\x61\x63k\x18\x08 \x03(\x0b\x32&.flywheel.api.traces.v1.FeedbackRecord\")\n\x12GetDecisionRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"O\n\x13GetDecisionResponse\x12\x38\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32&.flywheel.api.traces.v1.DecisionRecord\"\xca\x01\n\x14\x45xportDatasetRequest\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.flywheel.api.traces.v1.DatasetKind\x12:\n\x06\x66ilter\x18\x02 \x01(\x0b\x32*.flywheel.api.traces.v1.QueryTracesRequest\x12\x1b\n\x13validation_fraction\x18\x03 \x01(\x01\x12\x12\n\nmin_reward\x18\x04 \x01(\x01\x12\x12\n\nmin_margin\x18\x05 \x01(\x01\"\x85\x01\n\x15\x45xportDatasetResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x14\n\x0cmanifest_uri\x18\x02 \x01(\t\x12\x12\n\ntrain_rows\x18\x03 \x01(\x03\x12\x17\n\x0fvalidation_rows\x18\x04 \x01(\x03\x12\x15\n\rsource_traces\x18\x05 \x01(\x03\"F\n\x13\x44\x65leteTracesRequest\x12\x12\n\x08trace_id\x18\x01 \x01(\tH\x00\x12\x11\n\x07user_id\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"E\n\x14\x44\x65leteTracesResponse\x12\x16\n\x0etraces_deleted\x18\x01 \x01(\x03\x12\x15\n\rspans_deleted\x18\x02 \x01(\x03*w\n\x0b\x44\x61tasetKind\x12\x1c\n\x18\x44\x41TASET_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44\x41TASET_KIND_PREFERENCE\x10\x01\x12\x14\n\x10\x44\x41TASET_KIND_SFT\x10\x02\x12\x17\n\x13\x44\x41TASET_KIND_REWARD\x10\x03\x32\xf8\x04\n\x11TraceStoreService\x12[\n\x06Ingest\x12%.flywheel.api.traces.v1.IngestRequest\x1a&.flywheel.api.traces.v1.IngestResponse(\x01\x30\x01\x12]\n\x08GetTrace\x12\'.flywheel.api.traces.v1.GetTraceRequest\x1a(.flywheel.api.traces.v1.GetTraceResponse\x12\x66\n\x0bQueryTraces\x12*.flywheel.api.traces.v1.QueryTracesRequest\x1a+.flywheel.api.traces.v1.QueryTracesResponse\x12\x66\n\x0bGetDecision\x12*.flywheel.api.traces.v1.GetDecisionRequest\x1a+.flywheel.api.traces.v1.GetDecisionResponse\x12l\n\rExportDataset\x12,.flywheel.api.traces.v1.ExportDatasetRequest\x1a-.flywheel.api.traces.v1.ExportDatasetResponse\x12i\n\x0c\x44\x65leteTraces\x12+.flywheel.api.traces.v1.DeleteTracesRequest\x1a,.flywheel.api.traces.v1.DeleteTracesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,36 +37,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FEEDBACKRECORD_SIGNALSENTRY']._loaded_options = None
   _globals['_FEEDBACKRECORD_SIGNALSENTRY']._serialized_options = b'8\001'
-  _globals['_DATASETKIND']._serialized_start=1917
-  _globals['_DATASETKIND']._serialized_end=2036
+  _globals['_DATASETKIND']._serialized_start=2476
+  _globals['_DATASETKIND']._serialized_end=2595
   _globals['_INGESTREQUEST']._serialized_start=212
   _globals['_INGESTREQUEST']._serialized_end=277
   _globals['_INGESTRESPONSE']._serialized_start=279
-  _globals['_INGESTRESPONSE']._serialized_end=335
-  _globals['_GETTRACEREQUEST']._serialized_start=337
-  _globals['_GETTRACEREQUEST']._serialized_end=372
-  _globals['_GETTRACERESPONSE']._serialized_start=374
-  _globals['_GETTRACERESPONSE']._serialized_end=437
-  _globals['_QUERYTRACESREQUEST']._serialized_start=440
-  _globals['_QUERYTRACESREQUEST']._serialized_end=758
-  _globals['_TRACESUMMARY']._serialized_start=761
-  _globals['_TRACESUMMARY']._serialized_end=929
-  _globals['_QUERYTRACESRESPONSE']._serialized_start=931
-  _globals['_QUERYTRACESRESPONSE']._serialized_end=1031
-  _globals['_FEEDBACKRECORD']._serialized_start=1034
-  _globals['_FEEDBACKRECORD']._serialized_end=1260
-  _globals['_FEEDBACKRECORD_SIGNALSENTRY']._serialized_start=1203
-  _globals['_FEEDBACKRECORD_SIGNALSENTRY']._serialized_end=1249
-  _globals['_DECISIONRECORD']._serialized_start=1263
-  _globals['_DECISIONRECORD']._serialized_end=1514
-  _globals['_GETDECISIONREQUEST']._serialized_start=1516
-  _globals['_GETDECISIONREQUEST']._serialized_end=1557
-  _globals['_GETDECISIONRESPONSE']._serialized_start=1559
-  _globals['_GETDECISIONRESPONSE']._serialized_end=1638
-  _globals['_EXPORTDATASETREQUEST']._serialized_start=1641
-  _globals['_EXPORTDATASETREQUEST']._serialized_end=1803
-  _globals['_EXPORTDATASETRESPONSE']._serialized_start=1805
-  _globals['_EXPORTDATASETRESPONSE']._serialized_end=1915
-  _globals['_TRACESTORESERVICE']._serialized_start=2039
-  _globals['_TRACESTORESERVICE']._serialized_end=2564
+  _globals['_INGESTRESPONSE']._serialized_end=360
+  _globals['_GETTRACEREQUEST']._serialized_start=362
+  _globals['_GETTRACEREQUEST']._serialized_end=397
+  _globals['_GETTRACERESPONSE']._serialized_start=400
+  _globals['_GETTRACERESPONSE']._serialized_end=590
+  _globals['_QUERYTRACESREQUEST']._serialized_start=593
+  _globals['_QUERYTRACESREQUEST']._serialized_end=963
+  _globals['_TRACESUMMARY']._serialized_start=966
+  _globals['_TRACESUMMARY']._serialized_end=1281
+  _globals['_QUERYTRACESRESPONSE']._serialized_start=1283
+  _globals['_QUERYTRACESRESPONSE']._serialized_end=1383
+  _globals['_FEEDBACKRECORD']._serialized_start=1386
+  _globals['_FEEDBACKRECORD']._serialized_end=1612
+  _globals['_FEEDBACKRECORD_SIGNALSENTRY']._serialized_start=1555
+  _globals['_FEEDBACKRECORD_SIGNALSENTRY']._serialized_end=1601
+  _globals['_DECISIONRECORD']._serialized_start=1615
+  _globals['_DECISIONRECORD']._serialized_end=1866
+  _globals['_GETDECISIONREQUEST']._serialized_start=1868
+  _globals['_GETDECISIONREQUEST']._serialized_end=1909
+  _globals['_GETDECISIONRESPONSE']._serialized_start=1911
+  _globals['_GETDECISIONRESPONSE']._serialized_end=1990
+  _globals['_EXPORTDATASETREQUEST']._serialized_start=1993
+  _globals['_EXPORTDATASETREQUEST']._serialized_end=2195
+  _globals['_EXPORTDATASETRESPONSE']._serialized_start=2198
+  _globals['_EXPORTDATASETRESPONSE']._serialized_end=2331
+  _globals['_DELETETRACESREQUEST']._serialized_start=2333
+  _globals['_DELETETRACESREQUEST']._serialized_end=2403
+  _globals['_DELETETRACESRESPONSE']._serialized_start=2405
+  _globals['_DELETETRACESRESPONSE']._serialized_end=2474
+  _globals['_TRACESTORESERVICE']._serialized_start=2598
+  _globals['_TRACESTORESERVICE']._serialized_end=3230
 # @@protoc_insertion_point(module_scope)

@@ -68,17 +68,22 @@ class IngestResponse(_message.Message):
 
     EVENT_ID_FIELD_NUMBER: _builtins.int
     SPANS_STORED_FIELD_NUMBER: _builtins.int
+    SPANS_DUPLICATE_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     spans_stored: _builtins.int
+    """Spans stored for the first time by this batch."""
+    spans_duplicate: _builtins.int
+    """Spans of this batch already stored before (a retried batch); not stored twice."""
     def __init__(
         self,
         *,
         event_id: _builtins.str = ...,
         spans_stored: _builtins.int = ...,
+        spans_duplicate: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "spans_stored", b"spans_stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "spans_duplicate", b"spans_duplicate", "spans_stored", b"spans_stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -108,18 +113,36 @@ class GetTraceResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPANS_FIELD_NUMBER: _builtins.int
+    DEPTHS_FIELD_NUMBER: _builtins.int
+    TRACE_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def spans(self) -> _containers.RepeatedCompositeFieldContainer[_spans_pb2.Span]:
-        """Spans in start order; parent links give the tree."""
+        """The tree, depth first: each span is followed by its children (siblings in start
+        order); a span whose parent is missing is treated as a root.
+        """
+
+    @_builtins.property
+    def depths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Depth of each span in the tree (0 for roots), parallel to `spans`."""
+
+    @_builtins.property
+    def trace(self) -> Global___TraceSummary: ...
+    @_builtins.property
+    def decision(self) -> Global___DecisionRecord:
+        """The decision the trace served, with its feedback, when the trace store has it."""
 
     def __init__(
         self,
         *,
         spans: _abc.Iterable[_spans_pb2.Span] | None = ...,
+        depths: _abc.Iterable[_builtins.int] | None = ...,
+        trace: Global___TraceSummary | None = ...,
+        decision: Global___DecisionRecord | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "trace", b"trace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spans", b"spans"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "depths", b"depths", "spans", b"spans", "trace", b"trace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -138,12 +161,16 @@ class QueryTracesRequest(_message.Message):
     MAX_REWARD_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     endpoint: _builtins.str
     decision_id: _builtins.str
     min_reward: _builtins.float
     max_reward: _builtins.float
     text: _builtins.str
+    """Case-insensitive substring of the trace's task (the first prompt's input)."""
+    status: _spans_pb2.SpanStatus.ValueType
+    """ERROR: traces with at least one failed span; OK: traces with none."""
     @_builtins.property
     def start_after(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -162,10 +189,11 @@ class QueryTracesRequest(_message.Message):
         max_reward: _builtins.float | None = ...,
         text: _builtins.str = ...,
         page: _common_pb2.PageRequest | None = ...,
+        status: _spans_pb2.SpanStatus.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_reward", b"_max_reward", "_min_reward", b"_min_reward", "max_reward", b"max_reward", "min_reward", b"min_reward", "page", b"page", "start_after", b"start_after", "start_before", b"start_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_reward", b"_max_reward", "_min_reward", b"_min_reward", "agent", b"agent", "decision_id", b"decision_id", "endpoint", b"endpoint", "max_reward", b"max_reward", "min_reward", b"min_reward", "page", b"page", "start_after", b"start_after", "start_before", b"start_before", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_reward", b"_max_reward", "_min_reward", b"_min_reward", "agent", b"agent", "decision_id", b"decision_id", "endpoint", b"endpoint", "max_reward", b"max_reward", "min_reward", b"min_reward", "page", b"page", "start_after", b"start_after", "start_before", b"start_before", "status", b"status", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_reward: _TypeAlias = _typing.Literal["max_reward"]  # noqa: Y015
     _WhichOneofArgType__max_reward: _TypeAlias = _typing.Literal["_max_reward", b"_max_reward"]  # noqa: Y015
@@ -188,13 +216,27 @@ class TraceSummary(_message.Message):
     SPAN_COUNT_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
     DECISION_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
     trace_id: _builtins.str
     agent: _builtins.str
     span_count: _builtins.int
     reward: _builtins.float
+    """Mean of the trace's reward spans, each normalised by its scale to [0, 1];
+    the feedback reward of its decision when it has none.
+    """
     decision_id: _builtins.str
+    endpoint: _builtins.str
+    task: _builtins.str
+    status: _spans_pb2.SpanStatus.ValueType
+    user_id: _builtins.str
     @_builtins.property
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -204,10 +246,15 @@ class TraceSummary(_message.Message):
         span_count: _builtins.int = ...,
         reward: _builtins.float | None = ...,
         decision_id: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        task: _builtins.str = ...,
+        status: _spans_pb2.SpanStatus.ValueType = ...,
+        user_id: _builtins.str = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "reward", b"reward", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "end_time", b"end_time", "reward", b"reward", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "agent", b"agent", "decision_id", b"decision_id", "reward", b"reward", "span_count", b"span_count", "start_time", b"start_time", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "agent", b"agent", "decision_id", b"decision_id", "end_time", b"end_time", "endpoint", b"endpoint", "reward", b"reward", "span_count", b"span_count", "start_time", b"start_time", "status", b"status", "task", b"task", "trace_id", b"trace_id", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__reward: _TypeAlias = _typing.Literal["reward"]  # noqa: Y015
     _WhichOneofArgType__reward: _TypeAlias = _typing.Literal["_reward", b"_reward"]  # noqa: Y015
@@ -381,20 +428,31 @@ class ExportDatasetRequest(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
     VALIDATION_FRACTION_FIELD_NUMBER: _builtins.int
+    MIN_REWARD_FIELD_NUMBER: _builtins.int
+    MIN_MARGIN_FIELD_NUMBER: _builtins.int
     kind: Global___DatasetKind.ValueType
     validation_fraction: _builtins.float
+    """Share of prompts (not rows) held out; 0 means 0.1. A prompt's rows all go to one split."""
+    min_reward: _builtins.float
+    """SFT: keep responses whose reward is at least this (0 means 0.8)."""
+    min_margin: _builtins.float
+    """Preference: chosen must beat rejected by more than this."""
     @_builtins.property
-    def filter(self) -> Global___QueryTracesRequest: ...
+    def filter(self) -> Global___QueryTracesRequest:
+        """Which traces to use (paging fields are ignored)."""
+
     def __init__(
         self,
         *,
         kind: Global___DatasetKind.ValueType = ...,
         filter: Global___QueryTracesRequest | None = ...,
         validation_fraction: _builtins.float = ...,
+        min_reward: _builtins.float = ...,
+        min_margin: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "kind", b"kind", "validation_fraction", b"validation_fraction"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "kind", b"kind", "min_margin", b"min_margin", "min_reward", b"min_reward", "validation_fraction", b"validation_fraction"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -408,11 +466,14 @@ class ExportDatasetResponse(_message.Message):
     MANIFEST_URI_FIELD_NUMBER: _builtins.int
     TRAIN_ROWS_FIELD_NUMBER: _builtins.int
     VALIDATION_ROWS_FIELD_NUMBER: _builtins.int
+    SOURCE_TRACES_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     manifest_uri: _builtins.str
     """Object-store URI of the manifest."""
     train_rows: _builtins.int
     validation_rows: _builtins.int
+    source_traces: _builtins.int
+    """Traces the rows were built from."""
     def __init__(
         self,
         *,
@@ -420,11 +481,58 @@ class ExportDatasetResponse(_message.Message):
         manifest_uri: _builtins.str = ...,
         train_rows: _builtins.int = ...,
         validation_rows: _builtins.int = ...,
+        source_traces: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "manifest_uri", b"manifest_uri", "train_rows", b"train_rows", "validation_rows", b"validation_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "manifest_uri", b"manifest_uri", "source_traces", b"source_traces", "train_rows", b"train_rows", "validation_rows", b"validation_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportDatasetResponse: _TypeAlias = ExportDatasetResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTracesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    trace_id: _builtins.str
+    user_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        trace_id: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target", "trace_id", b"trace_id", "user_id", b"user_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target", "trace_id", b"trace_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["trace_id", "user_id"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___DeleteTracesRequest: _TypeAlias = DeleteTracesRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTracesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRACES_DELETED_FIELD_NUMBER: _builtins.int
+    SPANS_DELETED_FIELD_NUMBER: _builtins.int
+    traces_deleted: _builtins.int
+    spans_deleted: _builtins.int
+    def __init__(
+        self,
+        *,
+        traces_deleted: _builtins.int = ...,
+        spans_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spans_deleted", b"spans_deleted", "traces_deleted", b"traces_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTracesResponse: _TypeAlias = DeleteTracesResponse  # noqa: Y015

@@ -60,6 +60,11 @@ class TraceStoreServiceStub:
                 request_serializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.ExportDatasetRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.ExportDatasetResponse.FromString,
                 _registered_method=True)
+        self.DeleteTraces = channel.unary_unary(
+                '/flywheel.api.traces.v1.TraceStoreService/DeleteTraces',
+                request_serializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.DeleteTracesRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.DeleteTracesResponse.FromString,
+                _registered_method=True)
 
 
 class TraceStoreServiceServicer:
@@ -98,6 +103,13 @@ class TraceStoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTraces(self, request, context):
+        """Erasure: delete one trace, or every trace of a user, from segments and index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TraceStoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +137,11 @@ def add_TraceStoreServiceServicer_to_server(servicer, server):
                     servicer.ExportDataset,
                     request_deserializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.ExportDatasetRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.ExportDatasetResponse.SerializeToString,
+            ),
+            'DeleteTraces': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTraces,
+                    request_deserializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.DeleteTracesRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.DeleteTracesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +280,33 @@ class TraceStoreService:
             '/flywheel.api.traces.v1.TraceStoreService/ExportDataset',
             flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.ExportDatasetRequest.SerializeToString,
             flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.ExportDatasetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTraces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.traces.v1.TraceStoreService/DeleteTraces',
+            flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.DeleteTracesRequest.SerializeToString,
+            flywheel_dot_api_dot_traces_dot_v1_dot_trace__store__service__pb2.DeleteTracesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,8 @@ class TraceStoreServiceStub:
     GetDecision: _grpc.UnaryUnaryMultiCallable[_trace_store_service_pb2.GetDecisionRequest, _trace_store_service_pb2.GetDecisionResponse]
     """A logged decision with the feedback joined to it."""
     ExportDataset: _grpc.UnaryUnaryMultiCallable[_trace_store_service_pb2.ExportDatasetRequest, _trace_store_service_pb2.ExportDatasetResponse]
+    DeleteTraces: _grpc.UnaryUnaryMultiCallable[_trace_store_service_pb2.DeleteTracesRequest, _trace_store_service_pb2.DeleteTracesResponse]
+    """Erasure: delete one trace, or every trace of a user, from segments and index."""
 
 @_typing.type_check_only
 class TraceStoreServiceAsyncStub(TraceStoreServiceStub):
@@ -53,6 +55,8 @@ class TraceStoreServiceAsyncStub(TraceStoreServiceStub):
     GetDecision: _aio.UnaryUnaryMultiCallable[_trace_store_service_pb2.GetDecisionRequest, _trace_store_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """A logged decision with the feedback joined to it."""
     ExportDataset: _aio.UnaryUnaryMultiCallable[_trace_store_service_pb2.ExportDatasetRequest, _trace_store_service_pb2.ExportDatasetResponse]  # type: ignore[assignment]
+    DeleteTraces: _aio.UnaryUnaryMultiCallable[_trace_store_service_pb2.DeleteTracesRequest, _trace_store_service_pb2.DeleteTracesResponse]  # type: ignore[assignment]
+    """Erasure: delete one trace, or every trace of a user, from segments and index."""
 
 class TraceStoreServiceServicer(metaclass=_abc_1.ABCMeta):
     """Traces, decisions and feedback in; queries and datasets out."""
@@ -93,5 +97,13 @@ class TraceStoreServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _trace_store_service_pb2.ExportDatasetRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_trace_store_service_pb2.ExportDatasetResponse, _abc.Awaitable[_trace_store_service_pb2.ExportDatasetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteTraces(
+        self,
+        request: _trace_store_service_pb2.DeleteTracesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trace_store_service_pb2.DeleteTracesResponse, _abc.Awaitable[_trace_store_service_pb2.DeleteTracesResponse]]:
+        """Erasure: delete one trace, or every trace of a user, from segments and index."""
 
 def add_TraceStoreServiceServicer_to_server(servicer: TraceStoreServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
