@@ -16,7 +16,7 @@ from flywheel.stack.servers import free_port, process_alive
 
 SERVICES = ("optimizer", "trace_store", "evaluator", "reward_judge", "society", "trainer")
 # Services that own tables, in the order their migrations run.
-MIGRATED = ("optimizer", "trace_store")
+MIGRATED = ("optimizer", "trace_store", "reward_judge")
 
 
 def env_prefix(service: str) -> str:

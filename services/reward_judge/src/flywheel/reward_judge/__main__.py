@@ -1,4 +1,4 @@
-"""``python -m flywheel.reward_judge [serve|check-config]``."""
+"""``python -m flywheel.reward_judge [serve|migrate|check-config]``."""
 
 from flywheel.reward_judge.app import main
 

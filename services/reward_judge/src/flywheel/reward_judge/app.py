@@ -1,22 +1,90 @@
-"""Wiring of the reward judge. It serves health and readiness on PostgreSQL (rubrics,
-judgement cache) and S3 (reward-model checkpoints); RewardJudgeService arrives with
-the reward-judge issue and answers UNIMPLEMENTED until then."""
+"""Wiring of the reward judge: settings -> PostgreSQL (rubrics, cache, reliability),
+S3 (reward-model checkpoints), the LLM judge, fallbacks -> RewardJudgeService."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+from flywheel.api.reward.v1 import reward_judge_service_pb2 as pb
+from flywheel.api.reward.v1 import reward_judge_service_pb2_grpc as pb_grpc
 from flywheel.core import entrypoint
 from flywheel.core.infra import connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
+from flywheel.core.logging import get_logger
+from flywheel.reward_judge.cache import NoCache, PostgresCache
+from flywheel.reward_judge.fallback import shared_embedder
+from flywheel.reward_judge.grpc_api import RewardJudgeServicer
+from flywheel.reward_judge.llm_judge import LlmJudge, LlmJudgeConfig
+from flywheel.reward_judge.reliability import PostgresStats
+from flywheel.reward_judge.reward_model import RewardModelJudge
+from flywheel.reward_judge.rubric_store import RubricStore
+from flywheel.reward_judge.service import JudgeService, Limits
 from flywheel.reward_judge.settings import RewardJudgeSettings
 
 NAME = "reward_judge"
+MIGRATIONS = Path(__file__).parent / "migrations"
+PURGE_INTERVAL_S = 600
+log = get_logger(__name__)
+
+
+def llm_judge(settings: RewardJudgeSettings) -> LlmJudge:
+    return LlmJudge(
+        LlmJudgeConfig(
+            model=settings.llm_model,
+            api_base=settings.llm_api_base,
+            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            timeout_s=settings.llm_timeout_s,
+            attempts=settings.llm_attempts,
+            backoff_s=settings.llm_backoff_s,
+            max_tokens=settings.llm_max_tokens,
+        )
+    )
 
 
 async def build(settings: RewardJudgeSettings, parts: ServiceParts) -> None:
-    connect_database(settings.db, parts=parts)
-    connect_objects(settings.s3, parts=parts)
+    database = connect_database(settings.db, parts=parts)
+    objects = connect_objects(settings.s3, parts=parts)
+    store = RubricStore(database.sessions)
+    stats = PostgresStats(database.sessions)
+    cache = PostgresCache(database.sessions, settings.cache_ttl_s) if settings.cache_ttl_s > 0 else None
+    reward_model = (
+        RewardModelJudge(settings.reward_model, batch_size=settings.reward_model_batch_size, s3_client=objects.client)
+        if settings.reward_model
+        else None
+    )
+    llm = llm_judge(settings)
+    judge = JudgeService(
+        rubrics=store,
+        llm=llm,
+        cache=cache or NoCache(),
+        stats=stats,
+        embedder=shared_embedder() if settings.embeddings else None,
+        reward_model=reward_model,
+        limits=Limits(max_text_chars=settings.max_text_chars, max_group_size=settings.max_group_size),
+    )
+    parts.background.append(llm.warm)
+    parts.servicers.append(
+        (
+            pb_grpc.add_RewardJudgeServiceServicer_to_server,
+            RewardJudgeServicer(judge, store, stats),
+            pb.DESCRIPTOR.services_by_name["RewardJudgeService"].full_name,
+        )
+    )
+    if isinstance(cache, PostgresCache):
+
+        async def purge_expired() -> None:
+            while True:
+                await asyncio.sleep(PURGE_INTERVAL_S)
+                try:
+                    removed = await cache.purge()
+                    log.info("judgement cache purged", removed=removed)
+                except Exception as exc:  # noqa: BLE001 - the database may be down; try next time
+                    log.warning("judgement cache purge failed", error=repr(exc))
+
+        parts.background.append(purge_expired)
 
 
 def main() -> None:
     """Entry point of ``python -m flywheel.reward_judge``."""
-    entrypoint.run(name=NAME, settings_cls=RewardJudgeSettings, build=build)
+    entrypoint.run(name=NAME, settings_cls=RewardJudgeSettings, build=build, migrations=MIGRATIONS)

@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from flywheel.api.traces.v1 import spans_pb2 as flywheel_dot_api_dot_traces_dot_v1_dot_spans__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1flywheel/api/reward/v1/reward_judge_service.proto\x12\x16\x66lywheel.api.reward.v1\x1a\x1fgoogle/protobuf/timestamp.proto\">\n\tCriterion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\xa1\x01\n\x06Rubric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x33\n\x08\x63riteria\x18\x04 \x03(\x0b\x32!.flywheel.api.reward.v1.Criterion\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x82\x02\n\tJudgement\x12\r\n\x05score\x18\x01 \x01(\x01\x12\x45\n\ncomponents\x18\x02 \x03(\x0b\x32\x31.flywheel.api.reward.v1.Judgement.ComponentsEntry\x12\x13\n\x0b\x65xplanation\x18\x03 \x01(\t\x12\x30\n\x05judge\x18\x04 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\x12\x15\n\rfallback_used\x18\x05 \x01(\x08\x12\x0e\n\x06\x63\x61\x63hed\x18\x06 \x01(\x08\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"S\n\x0cScoreRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x0e\n\x06rubric\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\"E\n\rScoreResponse\x12\x34\n\tjudgement\x18\x01 \x01(\x0b\x32!.flywheel.api.reward.v1.Judgement\"@\n\x0bRankRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x11\n\tresponses\x18\x02 \x03(\t\x12\x0e\n\x06rubric\x18\x03 \x01(\t\"E\n\x0cRankResponse\x12\x35\n\njudgements\x18\x01 \x03(\x0b\x32!.flywheel.api.reward.v1.Judgement\"X\n\x0e\x43ompareRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x12\n\nresponse_a\x18\x02 \x01(\t\x12\x12\n\nresponse_b\x18\x03 \x01(\t\x12\x0e\n\x06rubric\x18\x04 \x01(\t\"\x82\x01\n\x0f\x43ompareResponse\x12\x10\n\x08prefer_a\x18\x01 \x01(\x01\x12\x14\n\x0corders_agree\x18\x02 \x01(\x08\x12\x30\n\x05judge\x18\x03 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\x12\x15\n\rfallback_used\x18\x04 \x01(\x08\"\x14\n\x12ListRubricsRequest\"F\n\x13ListRubricsResponse\x12/\n\x07rubrics\x18\x01 \x03(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\"1\n\x10GetRubricRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"C\n\x11GetRubricResponse\x12.\n\x06rubric\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\"B\n\x10PutRubricRequest\x12.\n\x06rubric\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\"C\n\x11PutRubricResponse\x12.\n\x06rubric\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric*\x8c\x01\n\tJudgeKind\x12\x1a\n\x16JUDGE_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eJUDGE_KIND_LLM\x10\x01\x12\x18\n\x14JUDGE_KIND_HEURISTIC\x10\x02\x12\x18\n\x14JUDGE_KIND_REFERENCE\x10\x03\x12\x1b\n\x17JUDGE_KIND_REWARD_MODEL\x10\x04\x32\xc5\x04\n\x12RewardJudgeService\x12T\n\x05Score\x12$.flywheel.api.reward.v1.ScoreRequest\x1a%.flywheel.api.reward.v1.ScoreResponse\x12Q\n\x04Rank\x12#.flywheel.api.reward.v1.RankRequest\x1a$.flywheel.api.reward.v1.RankResponse\x12Z\n\x07\x43ompare\x12&.flywheel.api.reward.v1.CompareRequest\x1a\'.flywheel.api.reward.v1.CompareResponse\x12\x66\n\x0bListRubrics\x12*.flywheel.api.reward.v1.ListRubricsRequest\x1a+.flywheel.api.reward.v1.ListRubricsResponse\x12`\n\tGetRubric\x12(.flywheel.api.reward.v1.GetRubricRequest\x1a).flywheel.api.reward.v1.GetRubricResponse\x12`\n\tPutRubric\x12(.flywheel.api.reward.v1.PutRubricRequest\x1a).flywheel.api.reward.v1.PutRubricResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1flywheel/api/reward/v1/reward_judge_service.proto\x12\x16\x66lywheel.api.reward.v1\x1a\"flywheel/api/traces/v1/spans.proto\x1a\x1fgoogle/protobuf/timestamp.proto\">\n\tCriterion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\xb1\x01\n\x06Rubric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x33\n\x08\x63riteria\x18\x04 \x03(\x0b\x32!.flywheel.api.reward.v1.Criterion\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06preset\x18\x06 \x01(\x08\"\xd5\x02\n\tJudgement\x12\r\n\x05score\x18\x01 \x01(\x01\x12\x45\n\ncomponents\x18\x02 \x03(\x0b\x32\x31.flywheel.api.reward.v1.Judgement.ComponentsEntry\x12\x13\n\x0b\x65xplanation\x18\x03 \x01(\t\x12\x30\n\x05judge\x18\x04 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\x12\x15\n\rfallback_used\x18\x05 \x01(\x08\x12\x0e\n\x06\x63\x61\x63hed\x18\x06 \x01(\x08\x12\x17\n\x0f\x66\x61llback_reason\x18\x07 \x01(\t\x12\x10\n\x08judge_id\x18\x08 \x01(\t\x12\x0e\n\x06rubric\x18\t \x01(\t\x12\x16\n\x0erubric_version\x18\n \x01(\x05\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc7\x01\n\x0cScoreRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x0e\n\x06rubric\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x16\n\x0erubric_version\x18\x05 \x01(\x05\x12\x30\n\x05judge\x18\x06 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\x12\x18\n\x0bhuman_score\x18\x07 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_human_score\"E\n\rScoreResponse\x12\x34\n\tjudgement\x18\x01 \x01(\x0b\x32!.flywheel.api.reward.v1.Judgement\"\x8a\x01\n\x0bRankRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x11\n\tresponses\x18\x02 \x03(\t\x12\x0e\n\x06rubric\x18\x03 \x01(\t\x12\x16\n\x0erubric_version\x18\x04 \x01(\x05\x12\x30\n\x05judge\x18\x05 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\"\x85\x01\n\x0cRankResponse\x12\x35\n\njudgements\x18\x01 \x03(\x0b\x32!.flywheel.api.reward.v1.Judgement\x12\x17\n\x0forder_agreement\x18\x02 \x01(\x01\x12\x15\n\rfallback_used\x18\x03 \x01(\x08\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\"\xb5\x01\n\x0e\x43ompareRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x12\n\nresponse_a\x18\x02 \x01(\t\x12\x12\n\nresponse_b\x18\x03 \x01(\t\x12\x0e\n\x06rubric\x18\x04 \x01(\t\x12\x16\n\x0erubric_version\x18\x05 \x01(\x05\x12\x30\n\x05judge\x18\x06 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\x12\x11\n\treference\x18\x07 \x01(\t\"\xf1\x01\n\x0f\x43ompareResponse\x12\x10\n\x08prefer_a\x18\x01 \x01(\x01\x12\x14\n\x0corders_agree\x18\x02 \x01(\x08\x12\x30\n\x05judge\x18\x03 \x01(\x0e\x32!.flywheel.api.reward.v1.JudgeKind\x12\x15\n\rfallback_used\x18\x04 \x01(\x08\x12\x18\n\x10prefer_a_forward\x18\x05 \x01(\x01\x12\x18\n\x10prefer_a_swapped\x18\x06 \x01(\x01\x12\x17\n\x0f\x66\x61llback_reason\x18\x07 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\x12\x10\n\x08judge_id\x18\t \x01(\t\"w\n\x06Signal\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0b\n\x03min\x18\x03 \x01(\x01\x12\x0b\n\x03max\x18\x04 \x01(\x01\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x17\n\x0flower_is_better\x18\x06 \x01(\x08\x42\x08\n\x06_value\"H\n\tCandidate\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x07signals\x18\x02 \x03(\x0b\x32\x1e.flywheel.api.reward.v1.Signal\"\x84\x01\n\x10\x41ggregateRequest\x12\x35\n\ncandidates\x18\x01 \x03(\x0b\x32!.flywheel.api.reward.v1.Candidate\x12\x39\n\x06method\x18\x02 \x01(\x0e\x32).flywheel.api.reward.v1.AggregationMethod\"\xc1\x01\n\x0f\x41ggregateResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\x01\x12K\n\ncomponents\x18\x03 \x03(\x0b\x32\x37.flywheel.api.reward.v1.AggregateResult.ComponentsEntry\x12\x13\n\x0bpareto_rank\x18\x04 \x01(\x05\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"M\n\x11\x41ggregateResponse\x12\x38\n\x07results\x18\x01 \x03(\x0b\x32\'.flywheel.api.reward.v1.AggregateResult\"\x8c\x01\n\x12TraceRewardRequest\x12+\n\x05spans\x18\x01 \x03(\x0b\x32\x1c.flywheel.api.traces.v1.Span\x12\x0e\n\x06\x61nswer\x18\x02 \x01(\t\x12\x39\n\x06method\x18\x03 \x01(\x0e\x32).flywheel.api.reward.v1.AggregationMethod\"o\n\x14TraceRewardComponent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03raw\x18\x02 \x01(\x01\x12\x0b\n\x03min\x18\x03 \x01(\x01\x12\x0b\n\x03max\x18\x04 \x01(\x01\x12\x12\n\nnormalised\x18\x05 \x01(\x01\x12\x0e\n\x06weight\x18\x06 \x01(\x01\"f\n\x13TraceRewardResponse\x12\r\n\x05total\x18\x01 \x01(\x01\x12@\n\ncomponents\x18\x02 \x03(\x0b\x32,.flywheel.api.reward.v1.TraceRewardComponent\"\x14\n\x12ListRubricsRequest\"F\n\x13ListRubricsResponse\x12/\n\x07rubrics\x18\x01 \x03(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\"1\n\x10GetRubricRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"Q\n\x11GetRubricResponse\x12.\n\x06rubric\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\x12\x0c\n\x04yaml\x18\x02 \x01(\t\"P\n\x10PutRubricRequest\x12.\n\x06rubric\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\x12\x0c\n\x04yaml\x18\x02 \x01(\t\"C\n\x11PutRubricResponse\x12.\n\x06rubric\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.reward.v1.Rubric\")\n\x15GetReliabilityRequest\x12\x10\n\x08judge_id\x18\x01 \x01(\t\"\xc7\x01\n\x10JudgeReliability\x12\x10\n\x08judge_id\x18\x01 \x01(\t\x12\x12\n\njudgements\x18\x02 \x01(\x03\x12\x11\n\tfallbacks\x18\x03 \x01(\x03\x12\x15\n\rfallback_rate\x18\x04 \x01(\x01\x12\x12\n\nswap_pairs\x18\x05 \x01(\x03\x12\x16\n\x0eswap_agreement\x18\x06 \x01(\x01\x12\x14\n\x0chuman_labels\x18\x07 \x01(\x03\x12\x10\n\x08spearman\x18\x08 \x01(\x01\x12\x0f\n\x07kendall\x18\t \x01(\x01\"R\n\x16GetReliabilityResponse\x12\x38\n\x06judges\x18\x01 \x03(\x0b\x32(.flywheel.api.reward.v1.JudgeReliability*\xa6\x01\n\tJudgeKind\x12\x1a\n\x16JUDGE_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eJUDGE_KIND_LLM\x10\x01\x12\x18\n\x14JUDGE_KIND_HEURISTIC\x10\x02\x12\x18\n\x14JUDGE_KIND_REFERENCE\x10\x03\x12\x1b\n\x17JUDGE_KIND_REWARD_MODEL\x10\x04\x12\x18\n\x14JUDGE_KIND_EMBEDDING\x10\x05*\xa9\x01\n\x11\x41ggregationMethod\x12\"\n\x1e\x41GGREGATION_METHOD_UNSPECIFIED\x10\x00\x12$\n AGGREGATION_METHOD_WEIGHTED_MEAN\x10\x01\x12#\n\x1f\x41GGREGATION_METHOD_WEIGHTED_SUM\x10\x02\x12%\n!AGGREGATION_METHOD_GEOMETRIC_MEAN\x10\x03\x32\x80\x07\n\x12RewardJudgeService\x12T\n\x05Score\x12$.flywheel.api.reward.v1.ScoreRequest\x1a%.flywheel.api.reward.v1.ScoreResponse\x12Q\n\x04Rank\x12#.flywheel.api.reward.v1.RankRequest\x1a$.flywheel.api.reward.v1.RankResponse\x12Z\n\x07\x43ompare\x12&.flywheel.api.reward.v1.CompareRequest\x1a\'.flywheel.api.reward.v1.CompareResponse\x12`\n\tAggregate\x12(.flywheel.api.reward.v1.AggregateRequest\x1a).flywheel.api.reward.v1.AggregateResponse\x12\x66\n\x0bTraceReward\x12*.flywheel.api.reward.v1.TraceRewardRequest\x1a+.flywheel.api.reward.v1.TraceRewardResponse\x12\x66\n\x0bListRubrics\x12*.flywheel.api.reward.v1.ListRubricsRequest\x1a+.flywheel.api.reward.v1.ListRubricsResponse\x12`\n\tGetRubric\x12(.flywheel.api.reward.v1.GetRubricRequest\x1a).flywheel.api.reward.v1.GetRubricResponse\x12`\n\tPutRubric\x12(.flywheel.api.reward.v1.PutRubricRequest\x1a).flywheel.api.reward.v1.PutRubricResponse\x12o\n\x0eGetReliability\x12-.flywheel.api.reward.v1.GetReliabilityRequest\x1a..flywheel.api.reward.v1.GetReliabilityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,40 +35,68 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JUDGEMENT_COMPONENTSENTRY']._loaded_options = None
   _globals['_JUDGEMENT_COMPONENTSENTRY']._serialized_options = b'8\001'
-  _globals['_JUDGEKIND']._serialized_start=1467
-  _globals['_JUDGEKIND']._serialized_end=1607
-  _globals['_CRITERION']._serialized_start=110
-  _globals['_CRITERION']._serialized_end=172
-  _globals['_RUBRIC']._serialized_start=175
-  _globals['_RUBRIC']._serialized_end=336
-  _globals['_JUDGEMENT']._serialized_start=339
-  _globals['_JUDGEMENT']._serialized_end=597
-  _globals['_JUDGEMENT_COMPONENTSENTRY']._serialized_start=548
-  _globals['_JUDGEMENT_COMPONENTSENTRY']._serialized_end=597
-  _globals['_SCOREREQUEST']._serialized_start=599
-  _globals['_SCOREREQUEST']._serialized_end=682
-  _globals['_SCORERESPONSE']._serialized_start=684
-  _globals['_SCORERESPONSE']._serialized_end=753
-  _globals['_RANKREQUEST']._serialized_start=755
-  _globals['_RANKREQUEST']._serialized_end=819
-  _globals['_RANKRESPONSE']._serialized_start=821
-  _globals['_RANKRESPONSE']._serialized_end=890
-  _globals['_COMPAREREQUEST']._serialized_start=892
-  _globals['_COMPAREREQUEST']._serialized_end=980
-  _globals['_COMPARERESPONSE']._serialized_start=983
-  _globals['_COMPARERESPONSE']._serialized_end=1113
-  _globals['_LISTRUBRICSREQUEST']._serialized_start=1115
-  _globals['_LISTRUBRICSREQUEST']._serialized_end=1135
-  _globals['_LISTRUBRICSRESPONSE']._serialized_start=1137
-  _globals['_LISTRUBRICSRESPONSE']._serialized_end=1207
-  _globals['_GETRUBRICREQUEST']._serialized_start=1209
-  _globals['_GETRUBRICREQUEST']._serialized_end=1258
-  _globals['_GETRUBRICRESPONSE']._serialized_start=1260
-  _globals['_GETRUBRICRESPONSE']._serialized_end=1327
-  _globals['_PUTRUBRICREQUEST']._serialized_start=1329
-  _globals['_PUTRUBRICREQUEST']._serialized_end=1395
-  _globals['_PUTRUBRICRESPONSE']._serialized_start=1397
-  _globals['_PUTRUBRICRESPONSE']._serialized_end=1464
-  _globals['_REWARDJUDGESERVICE']._serialized_start=1610
-  _globals['_REWARDJUDGESERVICE']._serialized_end=2191
+  _globals['_AGGREGATERESULT_COMPONENTSENTRY']._loaded_options = None
+  _globals['_AGGREGATERESULT_COMPONENTSENTRY']._serialized_options = b'8\001'
+  _globals['_JUDGEKIND']._serialized_start=3386
+  _globals['_JUDGEKIND']._serialized_end=3552
+  _globals['_AGGREGATIONMETHOD']._serialized_start=3555
+  _globals['_AGGREGATIONMETHOD']._serialized_end=3724
+  _globals['_CRITERION']._serialized_start=146
+  _globals['_CRITERION']._serialized_end=208
+  _globals['_RUBRIC']._serialized_start=211
+  _globals['_RUBRIC']._serialized_end=388
+  _globals['_JUDGEMENT']._serialized_start=391
+  _globals['_JUDGEMENT']._serialized_end=732
+  _globals['_JUDGEMENT_COMPONENTSENTRY']._serialized_start=683
+  _globals['_JUDGEMENT_COMPONENTSENTRY']._serialized_end=732
+  _globals['_SCOREREQUEST']._serialized_start=735
+  _globals['_SCOREREQUEST']._serialized_end=934
+  _globals['_SCORERESPONSE']._serialized_start=936
+  _globals['_SCORERESPONSE']._serialized_end=1005
+  _globals['_RANKREQUEST']._serialized_start=1008
+  _globals['_RANKREQUEST']._serialized_end=1146
+  _globals['_RANKRESPONSE']._serialized_start=1149
+  _globals['_RANKRESPONSE']._serialized_end=1282
+  _globals['_COMPAREREQUEST']._serialized_start=1285
+  _globals['_COMPAREREQUEST']._serialized_end=1466
+  _globals['_COMPARERESPONSE']._serialized_start=1469
+  _globals['_COMPARERESPONSE']._serialized_end=1710
+  _globals['_SIGNAL']._serialized_start=1712
+  _globals['_SIGNAL']._serialized_end=1831
+  _globals['_CANDIDATE']._serialized_start=1833
+  _globals['_CANDIDATE']._serialized_end=1905
+  _globals['_AGGREGATEREQUEST']._serialized_start=1908
+  _globals['_AGGREGATEREQUEST']._serialized_end=2040
+  _globals['_AGGREGATERESULT']._serialized_start=2043
+  _globals['_AGGREGATERESULT']._serialized_end=2236
+  _globals['_AGGREGATERESULT_COMPONENTSENTRY']._serialized_start=683
+  _globals['_AGGREGATERESULT_COMPONENTSENTRY']._serialized_end=732
+  _globals['_AGGREGATERESPONSE']._serialized_start=2238
+  _globals['_AGGREGATERESPONSE']._serialized_end=2315
+  _globals['_TRACEREWARDREQUEST']._serialized_start=2318
+  _globals['_TRACEREWARDREQUEST']._serialized_end=2458
+  _globals['_TRACEREWARDCOMPONENT']._serialized_start=2460
+  _globals['_TRACEREWARDCOMPONENT']._serialized_end=2571
+  _globals['_TRACEREWARDRESPONSE']._serialized_start=2573
+  _globals['_TRACEREWARDRESPONSE']._serialized_end=2675
+  _globals['_LISTRUBRICSREQUEST']._serialized_start=2677
+  _globals['_LISTRUBRICSREQUEST']._serialized_end=2697
+  _globals['_LISTRUBRICSRESPONSE']._serialized_start=2699
+  _globals['_LISTRUBRICSRESPONSE']._serialized_end=2769
+  _globals['_GETRUBRICREQUEST']._serialized_start=2771
+  _globals['_GETRUBRICREQUEST']._serialized_end=2820
+  _globals['_GETRUBRICRESPONSE']._serialized_start=2822
+  _globals['_GETRUBRICRESPONSE']._serialized_end=2903
+  _globals['_PUTRUBRICREQUEST']._serialized_start=2905
+  _globals['_PUTRUBRICREQUEST']._serialized_end=2985
+  _globals['_PUTRUBRICRESPONSE']._serialized_start=2987
+  _globals['_PUTRUBRICRESPONSE']._serialized_end=3054
+  _globals['_GETRELIABILITYREQUEST']._serialized_start=3056
+  _globals['_GETRELIABILITYREQUEST']._serialized_end=3097
+  _globals['_JUDGERELIABILITY']._serialized_start=3100
+  _globals['_JUDGERELIABILITY']._serialized_end=3299
+  _globals['_GETRELIABILITYRESPONSE']._serialized_start=3301
+  _globals['_GETRELIABILITYRESPONSE']._serialized_end=3383
+  _globals['_REWARDJUDGESERVICE']._serialized_start=3727
+  _globals['_REWARDJUDGESERVICE']._serialized_end=4623
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
+from flywheel.api.traces.v1 import spans_pb2 as _spans_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -31,6 +32,7 @@ class _JudgeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JudgeKind.V
     JUDGE_KIND_HEURISTIC: _JudgeKind.ValueType  # 2
     JUDGE_KIND_REFERENCE: _JudgeKind.ValueType  # 3
     JUDGE_KIND_REWARD_MODEL: _JudgeKind.ValueType  # 4
+    JUDGE_KIND_EMBEDDING: _JudgeKind.ValueType  # 5
 
 class JudgeKind(_JudgeKind, metaclass=_JudgeKindEnumTypeWrapper):
     """Which scorer produced a judgement."""
@@ -40,7 +42,30 @@ JUDGE_KIND_LLM: JudgeKind.ValueType  # 1
 JUDGE_KIND_HEURISTIC: JudgeKind.ValueType  # 2
 JUDGE_KIND_REFERENCE: JudgeKind.ValueType  # 3
 JUDGE_KIND_REWARD_MODEL: JudgeKind.ValueType  # 4
+JUDGE_KIND_EMBEDDING: JudgeKind.ValueType  # 5
 Global___JudgeKind: _TypeAlias = JudgeKind  # noqa: Y015
+
+class _AggregationMethod:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AggregationMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AggregationMethod.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    AGGREGATION_METHOD_UNSPECIFIED: _AggregationMethod.ValueType  # 0
+    AGGREGATION_METHOD_WEIGHTED_MEAN: _AggregationMethod.ValueType  # 1
+    """Weighted mean over the signals present (a missing signal is not a zero)."""
+    AGGREGATION_METHOD_WEIGHTED_SUM: _AggregationMethod.ValueType  # 2
+    AGGREGATION_METHOD_GEOMETRIC_MEAN: _AggregationMethod.ValueType  # 3
+
+class AggregationMethod(_AggregationMethod, metaclass=_AggregationMethodEnumTypeWrapper):
+    """How to combine signals."""
+
+AGGREGATION_METHOD_UNSPECIFIED: AggregationMethod.ValueType  # 0
+AGGREGATION_METHOD_WEIGHTED_MEAN: AggregationMethod.ValueType  # 1
+"""Weighted mean over the signals present (a missing signal is not a zero)."""
+AGGREGATION_METHOD_WEIGHTED_SUM: AggregationMethod.ValueType  # 2
+AGGREGATION_METHOD_GEOMETRIC_MEAN: AggregationMethod.ValueType  # 3
+Global___AggregationMethod: _TypeAlias = AggregationMethod  # noqa: Y015
 
 @_typing.final
 class Criterion(_message.Message):
@@ -80,9 +105,12 @@ class Rubric(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     CRITERIA_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    PRESET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     version: _builtins.int
     description: _builtins.str
+    preset: _builtins.bool
+    """True for the presets shipped with the service (read-only)."""
     @_builtins.property
     def criteria(self) -> _containers.RepeatedCompositeFieldContainer[Global___Criterion]: ...
     @_builtins.property
@@ -95,10 +123,11 @@ class Rubric(_message.Message):
         description: _builtins.str = ...,
         criteria: _abc.Iterable[Global___Criterion] | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        preset: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["criteria", b"criteria", "description", b"description", "name", b"name", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["criteria", b"criteria", "description", b"description", "name", b"name", "preset", b"preset", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -134,16 +163,26 @@ class Judgement(_message.Message):
     JUDGE_FIELD_NUMBER: _builtins.int
     FALLBACK_USED_FIELD_NUMBER: _builtins.int
     CACHED_FIELD_NUMBER: _builtins.int
+    FALLBACK_REASON_FIELD_NUMBER: _builtins.int
+    JUDGE_ID_FIELD_NUMBER: _builtins.int
+    RUBRIC_FIELD_NUMBER: _builtins.int
+    RUBRIC_VERSION_FIELD_NUMBER: _builtins.int
     score: _builtins.float
     """Total in [0, 1]."""
     explanation: _builtins.str
     judge: Global___JudgeKind.ValueType
     fallback_used: _builtins.bool
-    """True when the LLM judge failed and a fallback scored instead."""
+    """True when the judge asked for failed and a fallback scored instead."""
     cached: _builtins.bool
+    fallback_reason: _builtins.str
+    """Why the fallback was used (the last error of the judge asked for)."""
+    judge_id: _builtins.str
+    """e.g. "llm:openai/gpt-4o-mini", "heuristic", "reward_model:s3://…"."""
+    rubric: _builtins.str
+    rubric_version: _builtins.int
     @_builtins.property
     def components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """Per-criterion scores in [0, 1]."""
+        """Per-criterion (or per-metric, for fallbacks) scores in [0, 1]."""
 
     def __init__(
         self,
@@ -154,10 +193,14 @@ class Judgement(_message.Message):
         judge: Global___JudgeKind.ValueType = ...,
         fallback_used: _builtins.bool = ...,
         cached: _builtins.bool = ...,
+        fallback_reason: _builtins.str = ...,
+        judge_id: _builtins.str = ...,
+        rubric: _builtins.str = ...,
+        rubric_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached", b"cached", "components", b"components", "explanation", b"explanation", "fallback_used", b"fallback_used", "judge", b"judge", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached", b"cached", "components", b"components", "explanation", b"explanation", "fallback_reason", b"fallback_reason", "fallback_used", b"fallback_used", "judge", b"judge", "judge_id", b"judge_id", "rubric", b"rubric", "rubric_version", b"rubric_version", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -171,11 +214,21 @@ class ScoreRequest(_message.Message):
     RESPONSE_FIELD_NUMBER: _builtins.int
     RUBRIC_FIELD_NUMBER: _builtins.int
     REFERENCE_FIELD_NUMBER: _builtins.int
+    RUBRIC_VERSION_FIELD_NUMBER: _builtins.int
+    JUDGE_FIELD_NUMBER: _builtins.int
+    HUMAN_SCORE_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     response: _builtins.str
     rubric: _builtins.str
+    """Rubric name; empty means "default"."""
     reference: _builtins.str
     """Optional reference answer."""
+    rubric_version: _builtins.int
+    """0 for the latest version."""
+    judge: Global___JudgeKind.ValueType
+    """UNSPECIFIED means the LLM judge (with fallback)."""
+    human_score: _builtins.float
+    """A human's score in [0, 1] for this response, recorded for the judge's reliability."""
     def __init__(
         self,
         *,
@@ -183,12 +236,17 @@ class ScoreRequest(_message.Message):
         response: _builtins.str = ...,
         rubric: _builtins.str = ...,
         reference: _builtins.str = ...,
+        rubric_version: _builtins.int = ...,
+        judge: Global___JudgeKind.ValueType = ...,
+        human_score: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_human_score", b"_human_score", "human_score", b"human_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "reference", b"reference", "response", b"response", "rubric", b"rubric"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_human_score", b"_human_score", "human_score", b"human_score", "judge", b"judge", "prompt", b"prompt", "reference", b"reference", "response", b"response", "rubric", b"rubric", "rubric_version", b"rubric_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__human_score: _TypeAlias = _typing.Literal["human_score"]  # noqa: Y015
+    _WhichOneofArgType__human_score: _TypeAlias = _typing.Literal["_human_score", b"_human_score"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__human_score) -> _WhichOneofReturnType__human_score | None: ...
 
 Global___ScoreRequest: _TypeAlias = ScoreRequest  # noqa: Y015
 
@@ -219,20 +277,28 @@ class RankRequest(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     RESPONSES_FIELD_NUMBER: _builtins.int
     RUBRIC_FIELD_NUMBER: _builtins.int
+    RUBRIC_VERSION_FIELD_NUMBER: _builtins.int
+    JUDGE_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     rubric: _builtins.str
+    rubric_version: _builtins.int
+    judge: Global___JudgeKind.ValueType
     @_builtins.property
-    def responses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def responses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At least two."""
+
     def __init__(
         self,
         *,
         prompt: _builtins.str = ...,
         responses: _abc.Iterable[_builtins.str] | None = ...,
         rubric: _builtins.str = ...,
+        rubric_version: _builtins.int = ...,
+        judge: Global___JudgeKind.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "responses", b"responses", "rubric", b"rubric"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["judge", b"judge", "prompt", b"prompt", "responses", b"responses", "rubric", b"rubric", "rubric_version", b"rubric_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -243,6 +309,13 @@ class RankResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JUDGEMENTS_FIELD_NUMBER: _builtins.int
+    ORDER_AGREEMENT_FIELD_NUMBER: _builtins.int
+    FALLBACK_USED_FIELD_NUMBER: _builtins.int
+    CACHED_FIELD_NUMBER: _builtins.int
+    order_agreement: _builtins.float
+    """Fraction of response pairs ordered the same way in both presentation orders."""
+    fallback_used: _builtins.bool
+    cached: _builtins.bool
     @_builtins.property
     def judgements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Judgement]:
         """One judgement per response, in request order; scores are relative."""
@@ -251,10 +324,13 @@ class RankResponse(_message.Message):
         self,
         *,
         judgements: _abc.Iterable[Global___Judgement] | None = ...,
+        order_agreement: _builtins.float = ...,
+        fallback_used: _builtins.bool = ...,
+        cached: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["judgements", b"judgements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached", b"cached", "fallback_used", b"fallback_used", "judgements", b"judgements", "order_agreement", b"order_agreement"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -268,10 +344,17 @@ class CompareRequest(_message.Message):
     RESPONSE_A_FIELD_NUMBER: _builtins.int
     RESPONSE_B_FIELD_NUMBER: _builtins.int
     RUBRIC_FIELD_NUMBER: _builtins.int
+    RUBRIC_VERSION_FIELD_NUMBER: _builtins.int
+    JUDGE_FIELD_NUMBER: _builtins.int
+    REFERENCE_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     response_a: _builtins.str
     response_b: _builtins.str
     rubric: _builtins.str
+    rubric_version: _builtins.int
+    judge: Global___JudgeKind.ValueType
+    reference: _builtins.str
+    """Optional reference answer (used by the fallback)."""
     def __init__(
         self,
         *,
@@ -279,10 +362,13 @@ class CompareRequest(_message.Message):
         response_a: _builtins.str = ...,
         response_b: _builtins.str = ...,
         rubric: _builtins.str = ...,
+        rubric_version: _builtins.int = ...,
+        judge: Global___JudgeKind.ValueType = ...,
+        reference: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "response_a", b"response_a", "response_b", b"response_b", "rubric", b"rubric"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["judge", b"judge", "prompt", b"prompt", "reference", b"reference", "response_a", b"response_a", "response_b", b"response_b", "rubric", b"rubric", "rubric_version", b"rubric_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -296,12 +382,23 @@ class CompareResponse(_message.Message):
     ORDERS_AGREE_FIELD_NUMBER: _builtins.int
     JUDGE_FIELD_NUMBER: _builtins.int
     FALLBACK_USED_FIELD_NUMBER: _builtins.int
+    PREFER_A_FORWARD_FIELD_NUMBER: _builtins.int
+    PREFER_A_SWAPPED_FIELD_NUMBER: _builtins.int
+    FALLBACK_REASON_FIELD_NUMBER: _builtins.int
+    CACHED_FIELD_NUMBER: _builtins.int
+    JUDGE_ID_FIELD_NUMBER: _builtins.int
     prefer_a: _builtins.float
     """Probability that A is better, averaged over both orders."""
     orders_agree: _builtins.bool
     """Whether the two orders agreed."""
     judge: Global___JudgeKind.ValueType
     fallback_used: _builtins.bool
+    prefer_a_forward: _builtins.float
+    """prefer_a with A shown first, and with B shown first."""
+    prefer_a_swapped: _builtins.float
+    fallback_reason: _builtins.str
+    cached: _builtins.bool
+    judge_id: _builtins.str
     def __init__(
         self,
         *,
@@ -309,14 +406,265 @@ class CompareResponse(_message.Message):
         orders_agree: _builtins.bool = ...,
         judge: Global___JudgeKind.ValueType = ...,
         fallback_used: _builtins.bool = ...,
+        prefer_a_forward: _builtins.float = ...,
+        prefer_a_swapped: _builtins.float = ...,
+        fallback_reason: _builtins.str = ...,
+        cached: _builtins.bool = ...,
+        judge_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fallback_used", b"fallback_used", "judge", b"judge", "orders_agree", b"orders_agree", "prefer_a", b"prefer_a"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached", b"cached", "fallback_reason", b"fallback_reason", "fallback_used", b"fallback_used", "judge", b"judge", "judge_id", b"judge_id", "orders_agree", b"orders_agree", "prefer_a", b"prefer_a", "prefer_a_forward", b"prefer_a_forward", "prefer_a_swapped", b"prefer_a_swapped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompareResponse: _TypeAlias = CompareResponse  # noqa: Y015
+
+@_typing.final
+class Signal(_message.Message):
+    """One named signal with its declared scale. Values are normalised to [0, 1] from
+    [min, max] before any aggregation; lower_is_better flips them (latency, cost).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    MIN_FIELD_NUMBER: _builtins.int
+    MAX_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    LOWER_IS_BETTER_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.float
+    min: _builtins.float
+    max: _builtins.float
+    weight: _builtins.float
+    lower_is_better: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.float | None = ...,
+        min: _builtins.float = ...,
+        max: _builtins.float = ...,
+        weight: _builtins.float = ...,
+        lower_is_better: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "lower_is_better", b"lower_is_better", "max", b"max", "min", b"min", "name", b"name", "value", b"value", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___Signal: _TypeAlias = Signal  # noqa: Y015
+
+@_typing.final
+class Candidate(_message.Message):
+    """One candidate's signals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SIGNALS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    @_builtins.property
+    def signals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Signal]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        signals: _abc.Iterable[Global___Signal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "signals", b"signals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Candidate: _TypeAlias = Candidate  # noqa: Y015
+
+@_typing.final
+class AggregateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANDIDATES_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    method: Global___AggregationMethod.ValueType
+    @_builtins.property
+    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Candidate]: ...
+    def __init__(
+        self,
+        *,
+        candidates: _abc.Iterable[Global___Candidate] | None = ...,
+        method: Global___AggregationMethod.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "method", b"method"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AggregateRequest: _TypeAlias = AggregateRequest  # noqa: Y015
+
+@_typing.final
+class AggregateResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ComponentsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ID_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    COMPONENTS_FIELD_NUMBER: _builtins.int
+    PARETO_RANK_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    total: _builtins.float
+    pareto_rank: _builtins.int
+    """0 = on the Pareto front; k = dominated after removing k fronts."""
+    @_builtins.property
+    def components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Normalised components in [0, 1] (the ones present)."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        total: _builtins.float = ...,
+        components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        pareto_rank: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["components", b"components", "id", b"id", "pareto_rank", b"pareto_rank", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AggregateResult: _TypeAlias = AggregateResult  # noqa: Y015
+
+@_typing.final
+class AggregateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___AggregateResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___AggregateResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AggregateResponse: _TypeAlias = AggregateResponse  # noqa: Y015
+
+@_typing.final
+class TraceRewardRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPANS_FIELD_NUMBER: _builtins.int
+    ANSWER_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    answer: _builtins.str
+    """The final answer (if not in the spans), scored for structure and depth."""
+    method: Global___AggregationMethod.ValueType
+    @_builtins.property
+    def spans(self) -> _containers.RepeatedCompositeFieldContainer[_spans_pb2.Span]: ...
+    def __init__(
+        self,
+        *,
+        spans: _abc.Iterable[_spans_pb2.Span] | None = ...,
+        answer: _builtins.str = ...,
+        method: Global___AggregationMethod.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "method", b"method", "spans", b"spans"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceRewardRequest: _TypeAlias = TraceRewardRequest  # noqa: Y015
+
+@_typing.final
+class TraceRewardComponent(_message.Message):
+    """One reward computed from spans, with its native scale and normalised value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RAW_FIELD_NUMBER: _builtins.int
+    MIN_FIELD_NUMBER: _builtins.int
+    MAX_FIELD_NUMBER: _builtins.int
+    NORMALISED_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    raw: _builtins.float
+    min: _builtins.float
+    max: _builtins.float
+    normalised: _builtins.float
+    weight: _builtins.float
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        raw: _builtins.float = ...,
+        min: _builtins.float = ...,
+        max: _builtins.float = ...,
+        normalised: _builtins.float = ...,
+        weight: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max", b"max", "min", b"min", "name", b"name", "normalised", b"normalised", "raw", b"raw", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceRewardComponent: _TypeAlias = TraceRewardComponent  # noqa: Y015
+
+@_typing.final
+class TraceRewardResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOTAL_FIELD_NUMBER: _builtins.int
+    COMPONENTS_FIELD_NUMBER: _builtins.int
+    total: _builtins.float
+    @_builtins.property
+    def components(self) -> _containers.RepeatedCompositeFieldContainer[Global___TraceRewardComponent]: ...
+    def __init__(
+        self,
+        *,
+        total: _builtins.float = ...,
+        components: _abc.Iterable[Global___TraceRewardComponent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["components", b"components", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceRewardResponse: _TypeAlias = TraceRewardResponse  # noqa: Y015
 
 @_typing.final
 class ListRubricsRequest(_message.Message):
@@ -381,16 +729,20 @@ class GetRubricResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUBRIC_FIELD_NUMBER: _builtins.int
+    YAML_FIELD_NUMBER: _builtins.int
+    yaml: _builtins.str
+    """The rubric as YAML."""
     @_builtins.property
     def rubric(self) -> Global___Rubric: ...
     def __init__(
         self,
         *,
         rubric: Global___Rubric | None = ...,
+        yaml: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rubric", b"rubric"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rubric", b"rubric"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rubric", b"rubric", "yaml", b"yaml"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,16 +753,23 @@ class PutRubricRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUBRIC_FIELD_NUMBER: _builtins.int
+    YAML_FIELD_NUMBER: _builtins.int
+    yaml: _builtins.str
     @_builtins.property
-    def rubric(self) -> Global___Rubric: ...
+    def rubric(self) -> Global___Rubric:
+        """Either a rubric message or its YAML; the version is assigned (latest + 1), or when
+        given it must be exactly that (optimistic concurrency).
+        """
+
     def __init__(
         self,
         *,
         rubric: Global___Rubric | None = ...,
+        yaml: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rubric", b"rubric"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rubric", b"rubric"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rubric", b"rubric", "yaml", b"yaml"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -435,3 +794,89 @@ class PutRubricResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PutRubricResponse: _TypeAlias = PutRubricResponse  # noqa: Y015
+
+@_typing.final
+class GetReliabilityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JUDGE_ID_FIELD_NUMBER: _builtins.int
+    judge_id: _builtins.str
+    """Empty: every judge seen."""
+    def __init__(
+        self,
+        *,
+        judge_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["judge_id", b"judge_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReliabilityRequest: _TypeAlias = GetReliabilityRequest  # noqa: Y015
+
+@_typing.final
+class JudgeReliability(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JUDGE_ID_FIELD_NUMBER: _builtins.int
+    JUDGEMENTS_FIELD_NUMBER: _builtins.int
+    FALLBACKS_FIELD_NUMBER: _builtins.int
+    FALLBACK_RATE_FIELD_NUMBER: _builtins.int
+    SWAP_PAIRS_FIELD_NUMBER: _builtins.int
+    SWAP_AGREEMENT_FIELD_NUMBER: _builtins.int
+    HUMAN_LABELS_FIELD_NUMBER: _builtins.int
+    SPEARMAN_FIELD_NUMBER: _builtins.int
+    KENDALL_FIELD_NUMBER: _builtins.int
+    judge_id: _builtins.str
+    judgements: _builtins.int
+    """Judgements asked of this judge, and how many a fallback answered instead."""
+    fallbacks: _builtins.int
+    fallback_rate: _builtins.float
+    swap_pairs: _builtins.int
+    """Pairs judged in both orders, and how many agreed."""
+    swap_agreement: _builtins.float
+    human_labels: _builtins.int
+    """Agreement with human scores (NaN when fewer than three labels)."""
+    spearman: _builtins.float
+    kendall: _builtins.float
+    def __init__(
+        self,
+        *,
+        judge_id: _builtins.str = ...,
+        judgements: _builtins.int = ...,
+        fallbacks: _builtins.int = ...,
+        fallback_rate: _builtins.float = ...,
+        swap_pairs: _builtins.int = ...,
+        swap_agreement: _builtins.float = ...,
+        human_labels: _builtins.int = ...,
+        spearman: _builtins.float = ...,
+        kendall: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fallback_rate", b"fallback_rate", "fallbacks", b"fallbacks", "human_labels", b"human_labels", "judge_id", b"judge_id", "judgements", b"judgements", "kendall", b"kendall", "spearman", b"spearman", "swap_agreement", b"swap_agreement", "swap_pairs", b"swap_pairs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JudgeReliability: _TypeAlias = JudgeReliability  # noqa: Y015
+
+@_typing.final
+class GetReliabilityResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JUDGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def judges(self) -> _containers.RepeatedCompositeFieldContainer[Global___JudgeReliability]: ...
+    def __init__(
+        self,
+        *,
+        judges: _abc.Iterable[Global___JudgeReliability] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["judges", b"judges"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReliabilityResponse: _TypeAlias = GetReliabilityResponse  # noqa: Y015

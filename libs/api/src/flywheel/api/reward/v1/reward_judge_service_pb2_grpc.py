@@ -27,6 +27,9 @@ if _version_not_supported:
 
 class RewardJudgeServiceStub:
     """Scores responses: LLM-as-judge, heuristics, learned reward models.
+
+    Every judgement says which judge produced it and whether a fallback scored instead of
+    the one asked for; fallback scores are never averaged with LLM scores.
     """
 
     def __init__(self, channel):
@@ -50,6 +53,16 @@ class RewardJudgeServiceStub:
                 request_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.CompareRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.CompareResponse.FromString,
                 _registered_method=True)
+        self.Aggregate = channel.unary_unary(
+                '/flywheel.api.reward.v1.RewardJudgeService/Aggregate',
+                request_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.AggregateRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.AggregateResponse.FromString,
+                _registered_method=True)
+        self.TraceReward = channel.unary_unary(
+                '/flywheel.api.reward.v1.RewardJudgeService/TraceReward',
+                request_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.TraceRewardRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.TraceRewardResponse.FromString,
+                _registered_method=True)
         self.ListRubrics = channel.unary_unary(
                 '/flywheel.api.reward.v1.RewardJudgeService/ListRubrics',
                 request_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.ListRubricsRequest.SerializeToString,
@@ -65,10 +78,18 @@ class RewardJudgeServiceStub:
                 request_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.PutRubricRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.PutRubricResponse.FromString,
                 _registered_method=True)
+        self.GetReliability = channel.unary_unary(
+                '/flywheel.api.reward.v1.RewardJudgeService/GetReliability',
+                request_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.GetReliabilityRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.GetReliabilityResponse.FromString,
+                _registered_method=True)
 
 
 class RewardJudgeServiceServicer:
     """Scores responses: LLM-as-judge, heuristics, learned reward models.
+
+    Every judgement says which judge produced it and whether a fallback scored instead of
+    the one asked for; fallback scores are never averaged with LLM scores.
     """
 
     def Score(self, request, context):
@@ -79,7 +100,8 @@ class RewardJudgeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Rank(self, request, context):
-        """Relative scores for a group of responses to the same prompt.
+        """Relative scores for a group of responses to the same prompt (RULER-style: the
+        shared prompt sent once, each response labelled, judged in two orders).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,8 +114,23 @@ class RewardJudgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Aggregate(self, request, context):
+        """Combine named signals (each with its scale) into one reward.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TraceReward(self, request, context):
+        """Rewards computed from a trace's spans (tools, answer, coordination), normalised.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListRubrics(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The presets and the latest version of every custom rubric.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -105,7 +142,15 @@ class RewardJudgeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutRubric(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Store a custom rubric as a new version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReliability(self, request, context):
+        """How far a judge can be trusted: swap agreement, agreement with humans, fallback rate.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -128,6 +173,16 @@ def add_RewardJudgeServiceServicer_to_server(servicer, server):
                     request_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.CompareRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.CompareResponse.SerializeToString,
             ),
+            'Aggregate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Aggregate,
+                    request_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.AggregateRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.AggregateResponse.SerializeToString,
+            ),
+            'TraceReward': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceReward,
+                    request_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.TraceRewardRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.TraceRewardResponse.SerializeToString,
+            ),
             'ListRubrics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRubrics,
                     request_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.ListRubricsRequest.FromString,
@@ -143,6 +198,11 @@ def add_RewardJudgeServiceServicer_to_server(servicer, server):
                     request_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.PutRubricRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.PutRubricResponse.SerializeToString,
             ),
+            'GetReliability': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReliability,
+                    request_deserializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.GetReliabilityRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.GetReliabilityResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'flywheel.api.reward.v1.RewardJudgeService', rpc_method_handlers)
@@ -153,6 +213,9 @@ def add_RewardJudgeServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class RewardJudgeService:
     """Scores responses: LLM-as-judge, heuristics, learned reward models.
+
+    Every judgement says which judge produced it and whether a fallback scored instead of
+    the one asked for; fallback scores are never averaged with LLM scores.
     """
 
     @staticmethod
@@ -237,6 +300,60 @@ class RewardJudgeService:
             _registered_method=True)
 
     @staticmethod
+    def Aggregate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.reward.v1.RewardJudgeService/Aggregate',
+            flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.AggregateRequest.SerializeToString,
+            flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.AggregateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceReward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.reward.v1.RewardJudgeService/TraceReward',
+            flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.TraceRewardRequest.SerializeToString,
+            flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.TraceRewardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListRubrics(request,
             target,
             options=(),
@@ -307,6 +424,33 @@ class RewardJudgeService:
             '/flywheel.api.reward.v1.RewardJudgeService/PutRubric',
             flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.PutRubricRequest.SerializeToString,
             flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.PutRubricResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReliability(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.reward.v1.RewardJudgeService/GetReliability',
+            flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.GetReliabilityRequest.SerializeToString,
+            flywheel_dot_api_dot_reward_dot_v1_dot_reward__judge__service__pb2.GetReliabilityResponse.FromString,
             options,
             channel_credentials,
             insecure,

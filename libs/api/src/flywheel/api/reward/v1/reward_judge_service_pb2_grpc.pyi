@@ -27,7 +27,11 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class RewardJudgeServiceStub:
-    """Scores responses: LLM-as-judge, heuristics, learned reward models."""
+    """Scores responses: LLM-as-judge, heuristics, learned reward models.
+
+    Every judgement says which judge produced it and whether a fallback scored instead of
+    the one asked for; fallback scores are never averaged with LLM scores.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -36,30 +40,58 @@ class RewardJudgeServiceStub:
     Score: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.ScoreRequest, _reward_judge_service_pb2.ScoreResponse]
     """Score one response against a rubric."""
     Rank: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.RankRequest, _reward_judge_service_pb2.RankResponse]
-    """Relative scores for a group of responses to the same prompt."""
+    """Relative scores for a group of responses to the same prompt (RULER-style: the
+    shared prompt sent once, each response labelled, judged in two orders).
+    """
     Compare: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.CompareRequest, _reward_judge_service_pb2.CompareResponse]
     """Pairwise preference, judged in both orders."""
+    Aggregate: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.AggregateRequest, _reward_judge_service_pb2.AggregateResponse]
+    """Combine named signals (each with its scale) into one reward."""
+    TraceReward: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.TraceRewardRequest, _reward_judge_service_pb2.TraceRewardResponse]
+    """Rewards computed from a trace's spans (tools, answer, coordination), normalised."""
     ListRubrics: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.ListRubricsRequest, _reward_judge_service_pb2.ListRubricsResponse]
+    """The presets and the latest version of every custom rubric."""
     GetRubric: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.GetRubricRequest, _reward_judge_service_pb2.GetRubricResponse]
     PutRubric: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.PutRubricRequest, _reward_judge_service_pb2.PutRubricResponse]
+    """Store a custom rubric as a new version."""
+    GetReliability: _grpc.UnaryUnaryMultiCallable[_reward_judge_service_pb2.GetReliabilityRequest, _reward_judge_service_pb2.GetReliabilityResponse]
+    """How far a judge can be trusted: swap agreement, agreement with humans, fallback rate."""
 
 @_typing.type_check_only
 class RewardJudgeServiceAsyncStub(RewardJudgeServiceStub):
-    """Scores responses: LLM-as-judge, heuristics, learned reward models."""
+    """Scores responses: LLM-as-judge, heuristics, learned reward models.
+
+    Every judgement says which judge produced it and whether a fallback scored instead of
+    the one asked for; fallback scores are never averaged with LLM scores.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Score: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.ScoreRequest, _reward_judge_service_pb2.ScoreResponse]  # type: ignore[assignment]
     """Score one response against a rubric."""
     Rank: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.RankRequest, _reward_judge_service_pb2.RankResponse]  # type: ignore[assignment]
-    """Relative scores for a group of responses to the same prompt."""
+    """Relative scores for a group of responses to the same prompt (RULER-style: the
+    shared prompt sent once, each response labelled, judged in two orders).
+    """
     Compare: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.CompareRequest, _reward_judge_service_pb2.CompareResponse]  # type: ignore[assignment]
     """Pairwise preference, judged in both orders."""
+    Aggregate: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.AggregateRequest, _reward_judge_service_pb2.AggregateResponse]  # type: ignore[assignment]
+    """Combine named signals (each with its scale) into one reward."""
+    TraceReward: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.TraceRewardRequest, _reward_judge_service_pb2.TraceRewardResponse]  # type: ignore[assignment]
+    """Rewards computed from a trace's spans (tools, answer, coordination), normalised."""
     ListRubrics: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.ListRubricsRequest, _reward_judge_service_pb2.ListRubricsResponse]  # type: ignore[assignment]
+    """The presets and the latest version of every custom rubric."""
     GetRubric: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.GetRubricRequest, _reward_judge_service_pb2.GetRubricResponse]  # type: ignore[assignment]
     PutRubric: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.PutRubricRequest, _reward_judge_service_pb2.PutRubricResponse]  # type: ignore[assignment]
+    """Store a custom rubric as a new version."""
+    GetReliability: _aio.UnaryUnaryMultiCallable[_reward_judge_service_pb2.GetReliabilityRequest, _reward_judge_service_pb2.GetReliabilityResponse]  # type: ignore[assignment]
+    """How far a judge can be trusted: swap agreement, agreement with humans, fallback rate."""
 
 class RewardJudgeServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Scores responses: LLM-as-judge, heuristics, learned reward models."""
+    """Scores responses: LLM-as-judge, heuristics, learned reward models.
+
+    Every judgement says which judge produced it and whether a fallback scored instead of
+    the one asked for; fallback scores are never averaged with LLM scores.
+    """
 
     @_abc_1.abstractmethod
     def Score(
@@ -75,7 +107,9 @@ class RewardJudgeServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reward_judge_service_pb2.RankRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reward_judge_service_pb2.RankResponse, _abc.Awaitable[_reward_judge_service_pb2.RankResponse]]:
-        """Relative scores for a group of responses to the same prompt."""
+        """Relative scores for a group of responses to the same prompt (RULER-style: the
+        shared prompt sent once, each response labelled, judged in two orders).
+        """
 
     @_abc_1.abstractmethod
     def Compare(
@@ -86,11 +120,28 @@ class RewardJudgeServiceServicer(metaclass=_abc_1.ABCMeta):
         """Pairwise preference, judged in both orders."""
 
     @_abc_1.abstractmethod
+    def Aggregate(
+        self,
+        request: _reward_judge_service_pb2.AggregateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reward_judge_service_pb2.AggregateResponse, _abc.Awaitable[_reward_judge_service_pb2.AggregateResponse]]:
+        """Combine named signals (each with its scale) into one reward."""
+
+    @_abc_1.abstractmethod
+    def TraceReward(
+        self,
+        request: _reward_judge_service_pb2.TraceRewardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reward_judge_service_pb2.TraceRewardResponse, _abc.Awaitable[_reward_judge_service_pb2.TraceRewardResponse]]:
+        """Rewards computed from a trace's spans (tools, answer, coordination), normalised."""
+
+    @_abc_1.abstractmethod
     def ListRubrics(
         self,
         request: _reward_judge_service_pb2.ListRubricsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_reward_judge_service_pb2.ListRubricsResponse, _abc.Awaitable[_reward_judge_service_pb2.ListRubricsResponse]]: ...
+    ) -> _typing.Union[_reward_judge_service_pb2.ListRubricsResponse, _abc.Awaitable[_reward_judge_service_pb2.ListRubricsResponse]]:
+        """The presets and the latest version of every custom rubric."""
 
     @_abc_1.abstractmethod
     def GetRubric(
@@ -104,6 +155,15 @@ class RewardJudgeServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _reward_judge_service_pb2.PutRubricRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_reward_judge_service_pb2.PutRubricResponse, _abc.Awaitable[_reward_judge_service_pb2.PutRubricResponse]]: ...
+    ) -> _typing.Union[_reward_judge_service_pb2.PutRubricResponse, _abc.Awaitable[_reward_judge_service_pb2.PutRubricResponse]]:
+        """Store a custom rubric as a new version."""
+
+    @_abc_1.abstractmethod
+    def GetReliability(
+        self,
+        request: _reward_judge_service_pb2.GetReliabilityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reward_judge_service_pb2.GetReliabilityResponse, _abc.Awaitable[_reward_judge_service_pb2.GetReliabilityResponse]]:
+        """How far a judge can be trusted: swap agreement, agreement with humans, fallback rate."""
 
 def add_RewardJudgeServiceServicer_to_server(servicer: RewardJudgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,1 @@
+"""Data shipped with the judge: the labelled preference pairs used for calibration."""

@@ -1,0 +1,1 @@
+"""Preset rubrics, shipped as package data (one YAML file each)."""

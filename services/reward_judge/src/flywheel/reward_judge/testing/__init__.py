@@ -1,0 +1,1 @@
+"""Test tools of the reward judge (a scripted OpenAI-compatible server)."""
