@@ -4,6 +4,8 @@ reasoning and tool spans, tool results included)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -11,6 +13,7 @@ import flywheel.sdk
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import SpanKind, SpanStatus
+from flywheel.sdk.otel import spans_from_otlp
 from flywheel.sdk.tracing import Tracer, instrument, prompt, reward, tool
 
 from .helpers import eventually
@@ -110,4 +113,39 @@ async def test_trace_helpers_and_an_instrumented_streaming_agent(launch, stack_e
         ]
         errors = await stub.QueryTraces(pb.QueryTracesRequest(agent="weather-bot", status=SpanStatus.SPAN_STATUS_ERROR))
         assert [t.task for t in errors.traces] == ["hi"]
+    tracer.close()
+
+
+async def test_opentelemetry_genai_spans_map_in(launch, stack_env, isolation):
+    """An OTLP/JSON export of an OTel-instrumented agent, sent on by the SDK, reads back as a
+    Flywheel trace: the tree, the kinds, the model and the tokens."""
+    export = Path(__file__).parents[2] / "libs" / "sdk" / "tests" / "data" / "otlp_agent_run.json"
+    spans = spans_from_otlp(export.read_text())
+
+    store = launch("trace_store")
+    tracer = Tracer(
+        nats_url=stack_env["FLYWHEEL_NATS_URL"],
+        nats_user=stack_env["FLYWHEEL_NATS_USER"],
+        nats_password=stack_env["FLYWHEEL_NATS_PASSWORD"],
+        namespace=isolation["namespace"],
+        agent="support-bot",
+    )
+    for span in spans:
+        tracer.emit(span)
+    tracer.flush()
+    async with grpc.aio.insecure_channel(store.address) as channel:
+        stub = pb_grpc.TraceStoreServiceStub(channel)
+
+        async def get():
+            try:
+                return await stub.GetTrace(pb.GetTraceRequest(trace_id=spans[0].trace_id))
+            except grpc.aio.AioRpcError:
+                return None
+
+        got = await eventually(get, lambda g: g is not None and len(g.spans) == 4)
+    assert (got.spans[0].kind, got.depths[0]) == (K.SPAN_KIND_COORDINATION, 0)
+    assert sorted(s.kind for s in got.spans[1:]) == [K.SPAN_KIND_PROMPT, K.SPAN_KIND_TOOL, K.SPAN_KIND_REWARD]
+    (chat,) = [s for s in got.spans if s.kind == K.SPAN_KIND_PROMPT]
+    assert (chat.model, chat.input_tokens, chat.output_tokens) == ("gpt-4o-mini", 120, 42)
+    assert got.trace.reward == pytest.approx(0.7) and got.trace.user_id == "u-9"
     tracer.close()
