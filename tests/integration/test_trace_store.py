@@ -305,3 +305,28 @@ async def test_decisions_and_feedback_join_and_erasure_removes_segments_and_inde
         deleted = await stub.DeleteTraces(pb.DeleteTracesRequest(trace_id=other[0].trace_id))
         assert (deleted.traces_deleted, deleted.spans_deleted) == (1, 5)
         assert await asyncio.to_thread(list_segments, store.env, isolation["bucket_prefix"]) == []
+
+
+async def test_retention_sweep_expires_an_agents_old_traces_and_keeps_the_rest(launch, isolation):
+    """A 1-day TTL for agent "short": its traces (which ended in 2025) go from index and segments
+    at the next sweep; agent "keep" has no TTL and the default keeps forever."""
+    store = launch(
+        "trace_store",
+        env={
+            "FLYWHEEL_TRACE_STORE_RETENTION_DAYS": '{"short": 1}',
+            "FLYWHEEL_TRACE_STORE_RETENTION_INTERVAL_S": "0.5",
+        },
+    )
+    old = agent_trace("old and short-lived", "gone", 0.5, agent="short")
+    kept = agent_trace("old but kept", "still here", 0.5, agent="keep")
+    async with grpc.aio.insecure_channel(store.address) as channel:
+        stub = pb_grpc.TraceStoreServiceStub(channel)
+        replies = [r async for r in stub.Ingest(iter([pb.IngestRequest(batch=batch(old + kept))]))]
+        assert sum(r.spans_stored for r in replies) == 10
+
+        async def agents():
+            return sorted(t.agent for t in (await stub.QueryTraces(pb.QueryTracesRequest())).traces)
+
+        assert await eventually(agents, lambda a: a == ["keep"], timeout_s=15)
+    lines = await asyncio.to_thread(read_segment_lines, store.env, isolation["bucket_prefix"])
+    assert {json.loads(x)["trace_id"] for x in lines if x and x != "null"} == {kept[0].trace_id}
