@@ -1,0 +1,57 @@
+"""A run's result files: the best config, the details, and readable reports with plots."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from flywheel.optimizer.runs.report import Candidate, Evaluation, RunResults, render, summarize
+
+
+def results() -> RunResults:
+    configs = {
+        "c1": {"model": "small", "temperature": 0.2},
+        "c2": {"model": "large", "temperature": 0.7},
+        "c3": {"model": "small", "temperature": 0.9},
+    }
+    scores = {"c1": [0.6, 0.8], "c2": [0.9, 0.9], "c3": [0.2, 0.4]}
+    cost = {"c1": 0.001, "c2": 0.01, "c3": 0.002}
+    return RunResults(
+        run_id="run-1",
+        name="support",
+        config={"search_space": {}},
+        candidates=[Candidate(cid, 0 if cid != "c3" else 1, cfg) for cid, cfg in configs.items()],
+        evaluations=[
+            Evaluation(cid, 0 if cid != "c3" else 1, f"case-{i}", s, latency_ms=100 * (i + 1), cost_usd=cost[cid])
+            for cid, ss in scores.items()
+            for i, s in enumerate(ss)
+        ],
+    )
+
+
+def test_summary_ranks_by_mean_and_marks_the_pareto_front():
+    s = summarize(results())
+    assert [x.candidate_id for x in s] == ["c2", "c1", "c3"]
+    assert s[0].mean_score == 0.9 and s[1].mean_score == 0.7
+    # c3 costs more than c1 and scores less at the same latency: dominated.
+    assert {x.candidate_id: x.pareto for x in s} == {"c2": True, "c1": True, "c3": False}
+
+
+def test_render_writes_four_files_with_the_best_config_and_plots():
+    files = render(results())
+    assert set(files) == {"best_config.json", "detailed_results.json", "report.md", "report.html"}
+    best = json.loads(files["best_config.json"])
+    assert best["config"] == {"model": "large", "temperature": 0.7} and best["mean_score"] == 0.9
+    detailed = json.loads(files["detailed_results.json"])
+    assert len(detailed["evaluations"]) == 6 and detailed["best_so_far"] == [[0, 0.9], [1, 0.9]]
+    md = files["report.md"].decode()
+    assert "**0.9000**" in md and "| 1 | `c2` |" in md
+    page = files["report.html"].decode()
+    assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{200,}"', page)) == 4
+
+
+def test_render_of_a_run_with_no_evaluations_still_writes_every_file():
+    empty = RunResults(run_id="run-2", name="", config={}, candidates=[], evaluations=[], state="failed")
+    files = render(empty)
+    assert json.loads(files["best_config.json"])["config"] == {}
+    assert "No candidate was evaluated." in files["report.html"].decode()
