@@ -17,7 +17,7 @@ pick_python() {
   return 1
 }
 
-MEMBERS=(libs/api libs/core libs/sdk deploy/stack
+MEMBERS=(libs/api libs/core libs/sdk deploy/stack deploy/modelserver
          services/optimizer services/trace_store services/evaluator
          services/reward_judge services/society services/trainer)
 

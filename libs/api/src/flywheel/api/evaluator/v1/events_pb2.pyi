@@ -9,6 +9,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,48 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _MetricType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MetricTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MetricType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    METRIC_TYPE_UNSPECIFIED: _MetricType.ValueType  # 0
+    METRIC_TYPE_EXACT_MATCH: _MetricType.ValueType  # 1
+    """1 when the output equals the expected answer (case, whitespace and surrounding
+    punctuation ignored), else 0.
+    """
+    METRIC_TYPE_SIMILARITY: _MetricType.ValueType  # 2
+    """Similarity to the expected answer in [0, 1]: token F1, or embedding cosine."""
+    METRIC_TYPE_LATENCY: _MetricType.ValueType  # 3
+    """1 - latency_ms / target (clipped to [0, 1])."""
+    METRIC_TYPE_COST: _MetricType.ValueType  # 4
+    """1 - cost_usd / target (clipped to [0, 1])."""
+    METRIC_TYPE_CUSTOM: _MetricType.ValueType  # 5
+    """A Python callable "package.module:function"(output, expected, input) -> float in [0, 1]."""
+    METRIC_TYPE_LLM_JUDGE: _MetricType.ValueType  # 6
+    """The reward judge's Score with a rubric."""
+
+class MetricType(_MetricType, metaclass=_MetricTypeEnumTypeWrapper):
+    """How a metric turns one evaluation into a number."""
+
+METRIC_TYPE_UNSPECIFIED: MetricType.ValueType  # 0
+METRIC_TYPE_EXACT_MATCH: MetricType.ValueType  # 1
+"""1 when the output equals the expected answer (case, whitespace and surrounding
+punctuation ignored), else 0.
+"""
+METRIC_TYPE_SIMILARITY: MetricType.ValueType  # 2
+"""Similarity to the expected answer in [0, 1]: token F1, or embedding cosine."""
+METRIC_TYPE_LATENCY: MetricType.ValueType  # 3
+"""1 - latency_ms / target (clipped to [0, 1])."""
+METRIC_TYPE_COST: MetricType.ValueType  # 4
+"""1 - cost_usd / target (clipped to [0, 1])."""
+METRIC_TYPE_CUSTOM: MetricType.ValueType  # 5
+"""A Python callable "package.module:function"(output, expected, input) -> float in [0, 1]."""
+METRIC_TYPE_LLM_JUDGE: MetricType.ValueType  # 6
+"""The reward judge's Score with a rubric."""
+Global___MetricType: _TypeAlias = MetricType  # noqa: Y015
 
 @_typing.final
 class Target(_message.Message):
@@ -108,11 +151,32 @@ class HttpTarget(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     URL_FIELD_NUMBER: _builtins.int
     METHOD_FIELD_NUMBER: _builtins.int
     BODY_TEMPLATE_FIELD_NUMBER: _builtins.int
     RESPONSE_PATH_FIELD_NUMBER: _builtins.int
     HEADER_ENVS_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     method: _builtins.str
     body_template: _builtins.str
@@ -121,7 +185,13 @@ class HttpTarget(_message.Message):
     """JSONPath-like path of the output in the response."""
     @_builtins.property
     def header_envs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Header name -> environment variable holding its value."""
+        """Header name -> environment variable holding its value, or a template such as
+        "Bearer ${API_KEY}" where each ${VAR} is read from the evaluator's environment.
+        """
+
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Headers sent as they are (nothing secret here: secrets go through header_envs)."""
 
     def __init__(
         self,
@@ -131,14 +201,60 @@ class HttpTarget(_message.Message):
         body_template: _builtins.str = ...,
         response_path: _builtins.str = ...,
         header_envs: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_template", b"body_template", "header_envs", b"header_envs", "method", b"method", "response_path", b"response_path", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_template", b"body_template", "header_envs", b"header_envs", "headers", b"headers", "method", b"method", "response_path", b"response_path", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HttpTarget: _TypeAlias = HttpTarget  # noqa: Y015
+
+@_typing.final
+class Metric(_message.Message):
+    """One metric of a run; the score is the weighted mean of the metrics computed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    CALLABLE_FIELD_NUMBER: _builtins.int
+    RUBRIC_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Key of this metric in EvaluationResult.components."""
+    type: Global___MetricType.ValueType
+    weight: _builtins.float
+    """Relative weight (>= 0); 0 means 1."""
+    callable: _builtins.str
+    """For METRIC_TYPE_CUSTOM: "package.module:function"."""
+    rubric: _builtins.str
+    """For METRIC_TYPE_LLM_JUDGE: rubric name; empty uses EvaluationRequest.rubric."""
+    target: _builtins.float
+    """For latency (ms) and cost (USD): the value that scores 0; 0 means the service default."""
+    method: _builtins.str
+    """For METRIC_TYPE_SIMILARITY: "token_f1" (default) or "embedding"."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        type: Global___MetricType.ValueType = ...,
+        weight: _builtins.float = ...,
+        callable: _builtins.str = ...,
+        rubric: _builtins.str = ...,
+        target: _builtins.float = ...,
+        method: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callable", b"callable", "method", b"method", "name", b"name", "rubric", b"rubric", "target", b"target", "type", b"type", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Metric: _TypeAlias = Metric  # noqa: Y015
 
 @_typing.final
 class TestCase(_message.Message):
@@ -210,12 +326,16 @@ class EvaluationRequest(_message.Message):
     TARGET_FIELD_NUMBER: _builtins.int
     RUBRIC_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     run_id: _builtins.str
     candidate_id: _builtins.str
     rubric: _builtins.str
     """Rubric the reward judge scores with."""
     attempt: _builtins.int
+    timeout_s: _builtins.float
+    """Per-call timeout of the target in seconds; 0 means the evaluator's default."""
     @_builtins.property
     def meta(self) -> _common_pb2.EventMeta: ...
     @_builtins.property
@@ -224,6 +344,12 @@ class EvaluationRequest(_message.Message):
     def test_case(self) -> Global___TestCase: ...
     @_builtins.property
     def target(self) -> Global___Target: ...
+    @_builtins.property
+    def metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___Metric]:
+        """Metrics to compute; empty: similarity when the test case has an expected answer,
+        else llm_judge.
+        """
+
     def __init__(
         self,
         *,
@@ -236,10 +362,12 @@ class EvaluationRequest(_message.Message):
         target: Global___Target | None = ...,
         rubric: _builtins.str = ...,
         attempt: _builtins.int = ...,
+        metrics: _abc.Iterable[Global___Metric] | None = ...,
+        timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "meta", b"meta", "target", b"target", "test_case", b"test_case"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "candidate_id", b"candidate_id", "config", b"config", "meta", b"meta", "request_id", b"request_id", "rubric", b"rubric", "run_id", b"run_id", "target", b"target", "test_case", b"test_case"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "candidate_id", b"candidate_id", "config", b"config", "meta", b"meta", "metrics", b"metrics", "request_id", b"request_id", "rubric", b"rubric", "run_id", b"run_id", "target", b"target", "test_case", b"test_case", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -271,6 +399,26 @@ class EvaluationResult(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class MetricErrorsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     META_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
@@ -283,6 +431,10 @@ class EvaluationResult(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
+    METRIC_ERRORS_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     run_id: _builtins.str
     candidate_id: _builtins.str
@@ -296,11 +448,21 @@ class EvaluationResult(_message.Message):
     """Non-empty when the evaluation failed."""
     trace_id: _builtins.str
     """Trace of this evaluation in the trace store."""
+    input_tokens: _builtins.int
+    output_tokens: _builtins.int
+    attempts: _builtins.int
+    """Calls made to the target (1 + retries)."""
     @_builtins.property
     def meta(self) -> _common_pb2.EventMeta: ...
     @_builtins.property
     def components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Each metric's value before aggregation."""
+
+    @_builtins.property
+    def metric_errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Metrics that could not be computed (left out of the score, not counted as zero), with why;
+        or how they were computed instead (e.g. the judge's heuristic fallback).
+        """
 
     def __init__(
         self,
@@ -317,10 +479,14 @@ class EvaluationResult(_message.Message):
         output: _builtins.str = ...,
         error: _builtins.str = ...,
         trace_id: _builtins.str = ...,
+        metric_errors: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        attempts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "components", b"components", "cost_usd", b"cost_usd", "error", b"error", "latency_ms", b"latency_ms", "meta", b"meta", "output", b"output", "request_id", b"request_id", "run_id", b"run_id", "score", b"score", "test_case_id", b"test_case_id", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "candidate_id", b"candidate_id", "components", b"components", "cost_usd", b"cost_usd", "error", b"error", "input_tokens", b"input_tokens", "latency_ms", b"latency_ms", "meta", b"meta", "metric_errors", b"metric_errors", "output", b"output", "output_tokens", b"output_tokens", "request_id", b"request_id", "run_id", b"run_id", "score", b"score", "test_case_id", b"test_case_id", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,171 @@
+"""Metrics: each turns one evaluation into a score in [0, 1]; the evaluation's score is
+the weighted mean of the metrics that could be computed (one that could not, say the
+judge being down, is left out and reported, never counted as a zero)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from flywheel.api.evaluator.v1.events_pb2 import Metric, MetricType
+from flywheel.api.reward.v1 import reward_judge_service_pb2 as judge_pb
+from flywheel.evaluator.judge import JudgeClient, JudgeUnavailable
+from flywheel.evaluator.targets import CallResult, TargetError, resolve_callable
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+TYPE_NAMES = {
+    "exact_match": MetricType.METRIC_TYPE_EXACT_MATCH,
+    "similarity": MetricType.METRIC_TYPE_SIMILARITY,
+    "latency": MetricType.METRIC_TYPE_LATENCY,
+    "cost": MetricType.METRIC_TYPE_COST,
+    "custom": MetricType.METRIC_TYPE_CUSTOM,
+    "llm_judge": MetricType.METRIC_TYPE_LLM_JUDGE,
+}
+
+
+def normalise(text: str) -> str:
+    """Case-folded, whitespace collapsed, surrounding punctuation stripped."""
+    return " ".join(text.casefold().split()).strip(string.punctuation + " ")
+
+
+def exact_match(output: str, expected: str) -> float:
+    return 1.0 if normalise(output) == normalise(expected) else 0.0
+
+
+def token_f1(output: str, expected: str) -> float:
+    """SQuAD-style token F1 between the output and the expected answer."""
+    got = _WORD.findall(output.casefold())
+    want = _WORD.findall(expected.casefold())
+    if not got or not want:
+        return float(got == want)
+    common = sum((Counter(got) & Counter(want)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(got), common / len(want)
+    return 2 * precision * recall / (precision + recall)
+
+
+def lower_is_better(value: float, target: float) -> float:
+    """1 at zero, 0 at or beyond ``target``, linear between."""
+    return max(0.0, min(1.0, 1.0 - value / target))
+
+
+def expected_text(expected: dict[str, Any]) -> str | None:
+    """The reference answer of a test case: ``expected.output`` / ``answer`` / ``text``, the
+    only value when there is one, else the whole object as JSON; None when empty."""
+    if not expected:
+        return None
+    for key in ("output", "answer", "text", "expected"):
+        if isinstance(expected.get(key), str):
+            return str(expected[key])
+    if len(expected) == 1:
+        (only,) = expected.values()
+        return only if isinstance(only, str) else json.dumps(only)
+    return json.dumps(expected, sort_keys=True)
+
+
+def default_metrics(has_expected: bool) -> list[Metric]:
+    if has_expected:
+        return [Metric(name="similarity", type=MetricType.METRIC_TYPE_SIMILARITY, weight=1.0)]
+    return [Metric(name="llm_judge", type=MetricType.METRIC_TYPE_LLM_JUDGE, weight=1.0)]
+
+
+@dataclass
+class Scored:
+    """Metric scores, the ones left out with why, and the judge's verdicts for the trace."""
+
+    components: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    judged: dict[str, str] = field(default_factory=dict)
+
+    def score(self, weights: dict[str, float]) -> float:
+        total = sum(weights[name] for name in self.components)
+        if total <= 0:
+            return 0.0
+        return sum(weights[name] * value for name, value in self.components.items()) / total
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Service defaults for metrics that set no target."""
+
+    latency_ms: float
+    cost_usd: float
+
+
+async def compute(
+    metrics: list[Metric],
+    *,
+    call: CallResult,
+    input_: dict[str, Any],
+    expected: dict[str, Any],
+    rubric: str,
+    judge: JudgeClient,
+    defaults: Targets,
+) -> Scored:
+    """Score one successful call with every metric."""
+    scored = Scored()
+    reference = expected_text(expected)
+    for metric in metrics:
+        name = metric.name
+        try:
+            value, note = await _one(metric, call, input_, expected, reference, rubric, judge, defaults)
+        except (JudgeUnavailable, _Skip, TargetError) as exc:
+            scored.errors[name] = str(exc)
+            continue
+        if not math.isfinite(value):
+            scored.errors[name] = f"{name} gave {value}, not a number in [0, 1]"
+            continue
+        scored.components[name] = max(0.0, min(1.0, value))
+        if note:
+            scored.judged[name] = note
+    return scored
+
+
+class _Skip(Exception):
+    """This metric cannot be computed for this test case (e.g. no expected answer)."""
+
+
+async def _one(
+    metric: Metric,
+    call: CallResult,
+    input_: dict[str, Any],
+    expected: dict[str, Any],
+    reference: str | None,
+    rubric: str,
+    judge: JudgeClient,
+    defaults: Targets,
+) -> tuple[float, str]:
+    kind = metric.type
+    if kind == MetricType.METRIC_TYPE_LATENCY:
+        return lower_is_better(call.latency_ms, metric.target or defaults.latency_ms), ""
+    if kind == MetricType.METRIC_TYPE_COST:
+        return lower_is_better(call.cost_usd, metric.target or defaults.cost_usd), ""
+    if kind == MetricType.METRIC_TYPE_CUSTOM:
+        fn = resolve_callable(metric.callable, what=f"metric {metric.name} callable")
+        value = fn(call.output, expected, input_)
+        if inspect.isawaitable(value):
+            value = await value
+        return float(value), ""
+    if kind == MetricType.METRIC_TYPE_LLM_JUDGE:
+        got = await judge.score(
+            prompt=call.prompt, response=call.output, rubric=metric.rubric or rubric, reference=reference or ""
+        )
+        note = got.judge_id + (f" (fallback: {got.fallback_reason})" if got.fallback_reason else "")
+        return got.score, note
+    if reference is None:
+        raise _Skip("the test case has no expected answer")
+    if kind == MetricType.METRIC_TYPE_EXACT_MATCH:
+        return exact_match(call.output, reference), ""
+    if metric.method == "embedding":
+        got = await judge.score(
+            prompt="", response=call.output, rubric="", reference=reference, judge=judge_pb.JUDGE_KIND_EMBEDDING
+        )
+        return got.score, got.judge_id
+    return token_f1(call.output, reference), ""
