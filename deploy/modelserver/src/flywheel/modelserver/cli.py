@@ -68,4 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         args.host,
         args.port,
     )
-    web.run_app(build_app(engine, api_key=api_key), host=args.host, port=args.port, print=None)
+    # handler_cancellation: a client that hangs up (a timed-out judge call) cancels its request,
+    # which stops its generation, instead of leaving it queued on the one worker.
+    web.run_app(
+        build_app(engine, api_key=api_key), host=args.host, port=args.port, print=None, handler_cancellation=True
+    )

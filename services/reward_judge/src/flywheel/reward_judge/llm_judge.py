@@ -17,6 +17,9 @@ from flywheel.reward_judge.prompts import judge_messages, label
 from flywheel.reward_judge.rubric import Rubric
 
 log = get_logger(__name__)
+# Client errors the provider will repeat for the same request (bad request, auth, no such
+# model, unprocessable): retrying only delays the fallback.
+_NOT_RETRIED = frozenset({400, 401, 403, 404, 422})
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class LlmJudge:
                 last = f"LLM call failed: {type(exc).__name__}: {str(exc)[:200]}"
                 LLM_CALLS.labels("error").inc()
                 log.warning("judge call failed", attempt=attempt, error=last)
+                if getattr(exc, "status_code", None) in _NOT_RETRIED:
+                    break  # the same request would be refused again: fall back now
                 continue
             try:
                 parsed = extract_json(completion.text)
