@@ -1,0 +1,492 @@
+"""The search as an ask/tell state machine (see the package docstring for the protocol)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from .scores import Posterior, confidently_worse, posterior
+from .settings import SearchSettings
+from .space import SearchSpace
+from .surrogate import fit_surrogate
+
+STATE_VERSION = 1
+FINE_SCALES = (1.0, 1.0 / 3.0, 0.1)  # the surrogate's pool also holds finer mutants to refine with
+FINE_WEIGHTS = (0.5, 0.25, 0.25)
+
+
+@dataclass
+class Candidate:
+    id: str
+    config: dict[str, Any]
+    key: str
+    origin: str  # initial | warm_start | offspring | injected
+    generation: int
+    parents: list[str] = field(default_factory=list)
+    scores: dict[str, float] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    target: int = 0
+    dropped: bool = False
+    drop_reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "pending": sorted(self.pending)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Candidate:
+        return cls(**{**d, "pending": set(d["pending"])})
+
+
+class Search:
+    """Thompson sampling + evolution + racing over one search space and one set of test cases."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        test_case_ids: list[str],
+        settings: SearchSettings | None = None,
+        *,
+        prior: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """``prior``: results of earlier runs on the same space, ``[{"config": {...}, "score": x}]``.
+        The best of them seed the first population and all of them inform the surrogate."""
+        if not test_case_ids:
+            raise ValueError("the search needs at least one test case")
+        if len(set(test_case_ids)) != len(test_case_ids):
+            raise ValueError("test case ids must be unique")
+        self.space = space
+        self.settings = settings or SearchSettings()
+        self._rng = np.random.default_rng(self.settings.seed)
+        # one shared random order: every candidate is scored on a prefix of it (paired comparisons)
+        self.case_order = [test_case_ids[i] for i in self._rng.permutation(len(test_case_ids))]
+        self.candidates: dict[str, Candidate] = {}
+        self._by_key: dict[str, str] = {}
+        self.population: list[str] = []
+        self.generation = 0
+        self.generations: list[dict[str, Any]] = []
+        self.evaluations = 0
+        self.best_score: float | None = None
+        self.stale = 0
+        self.done = False
+        self.done_reason = ""
+        self.prior = self._valid_prior(prior or [])
+        self._post: tuple[int, Posterior] | None = None
+        self._version = 0
+        self._start()
+
+    # --- the protocol ------------------------------------------------------------------------
+
+    def next_evaluations(self, limit: int) -> list[tuple[str, dict[str, Any], str]]:
+        """Up to ``limit`` (candidate_id, config, test_case_id) to evaluate now; each is marked
+        pending until recorded. Empty when the current rung waits for pending results, or done."""
+        if self.done or limit <= 0:
+            return []
+        room = limit
+        if self.settings.max_evaluations is not None:
+            room = min(room, self.settings.max_evaluations - self.evaluations - self._pending_count())
+        alive = [self.candidates[c] for c in self.population if not self.candidates[c].dropped]
+        wants = {c.id: self._missing(c) for c in alive}
+        alive = [c for c in alive if wants[c.id]]
+        if room <= 0 or not alive:
+            return []
+        # Thompson sampling decides who goes first when the limit cannot cover everyone
+        post = self._posterior()
+        idx = self._index()
+        draws = {c.id: self._rng.normal(post.mean[idx[c.id]], math.sqrt(post.var[idx[c.id]])) for c in alive}
+        alive.sort(key=lambda c: -draws[c.id])
+        out: list[tuple[str, dict[str, Any], str]] = []
+        while room > 0 and any(wants[c.id] for c in alive):
+            for c in alive:
+                if room > 0 and wants[c.id]:
+                    case = wants[c.id].pop(0)
+                    c.pending.add(case)
+                    out.append((c.id, dict(c.config), case))
+                    room -= 1
+        return out
+
+    def record(self, candidate_id: str, test_case_id: str, score: float) -> bool:
+        """Store one score (higher is better). Idempotent per (candidate, test case): a repeat is
+        ignored and returns False. May close a rung or a generation."""
+        cand = self.candidates.get(candidate_id)
+        if cand is None:
+            raise KeyError(f"unknown candidate {candidate_id!r}")
+        if test_case_id not in self._case_index():
+            raise KeyError(f"unknown test case {test_case_id!r}")
+        if not math.isfinite(score):
+            raise ValueError(f"score for {candidate_id}/{test_case_id} must be finite, got {score}")
+        if test_case_id in cand.scores:
+            return False
+        cand.scores[test_case_id] = float(score)
+        cand.pending.discard(test_case_id)
+        self.evaluations += 1
+        self._version += 1
+        self._advance()
+        return True
+
+    def inject(self, configs: list[dict[str, Any]], *, origin: str = "injected") -> list[str]:
+        """Add outside proposals to the running generation; they are raced like the rest. A config
+        already known returns its existing id. Raises ValueError for a config outside the space."""
+        if self.done:
+            raise ValueError("the search is finished; start a new run to evaluate more configs")
+        coerced = [self.space.coerce(c) for c in configs]  # all or nothing
+        ids = []
+        for config in coerced:
+            cid = self._add(config, origin, parents=[])
+            cand = self.candidates[cid]
+            if cid not in self.population:
+                self.population.append(cid)
+                cand.dropped, cand.drop_reason = False, ""
+                cand.target = max(cand.target, len(cand.scores), self._first_target())
+            ids.append(cid)
+        self._version += 1
+        return ids
+
+    def best(self) -> dict[str, Any] | None:
+        """The best candidate scored on every test case (else the best partly scored one)."""
+        scored = [c for c in self.candidates.values() if c.scores]
+        if not scored:
+            return None
+        full = [c for c in scored if len(c.scores) == len(self.case_order)]
+        post, idx = self._posterior(), self._index()
+        top = max(full or scored, key=lambda c: post.mean[idx[c.id]])
+        return {
+            "candidate_id": top.id,
+            "config": dict(top.config),
+            "score": float(post.mean[idx[top.id]]),
+            "mean_score": float(np.mean(list(top.scores.values()))),
+            "cases": len(top.scores),
+            "complete": len(top.scores) == len(self.case_order),
+        }
+
+    def history(self) -> dict[str, Any]:
+        """Per-generation summaries and every candidate with its scores and fate."""
+        post, idx = self._posterior(), self._index()
+        return {
+            "generations": [dict(g) for g in self.generations],
+            "candidates": [
+                {
+                    "candidate_id": c.id,
+                    "config": dict(c.config),
+                    "origin": c.origin,
+                    "generation": c.generation,
+                    "parents": list(c.parents),
+                    "scores": dict(c.scores),
+                    "estimate": float(post.mean[idx[c.id]]),
+                    "dropped": c.dropped,
+                    "drop_reason": c.drop_reason,
+                }
+                for c in self.candidates.values()
+            ],
+            "evaluations": self.evaluations,
+            "done": self.done,
+            "done_reason": self.done_reason,
+        }
+
+    def pending(self) -> list[tuple[str, str]]:
+        """(candidate_id, test_case_id) handed out and not yet recorded."""
+        return [(c.id, case) for c in self.candidates.values() for case in sorted(c.pending)]
+
+    def requeue_pending(self) -> int:
+        """Forget what was handed out, so next_evaluations hands it out again (after a restart)."""
+        n = self._pending_count()
+        for c in self.candidates.values():
+            c.pending.clear()
+        return n
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything needed to resume exactly, as JSON-serialisable values."""
+        return {
+            "version": STATE_VERSION,
+            "settings": self.settings.to_json(),
+            "space": self.space.to_json(),
+            "case_order": list(self.case_order),
+            "rng": self._rng.bit_generator.state,
+            "candidates": [c.to_json() for c in self.candidates.values()],
+            "population": list(self.population),
+            "generation": self.generation,
+            "generations": [dict(g) for g in self.generations],
+            "evaluations": self.evaluations,
+            "best_score": self.best_score,
+            "stale": self.stale,
+            "done": self.done,
+            "done_reason": self.done_reason,
+            "prior": self.prior,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Search:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"search state version {state.get('version')!r} is not {STATE_VERSION}")
+        self = cls.__new__(cls)
+        self.space = SearchSpace.from_json(state["space"])
+        self.settings = SearchSettings.from_json(state["settings"])
+        self._rng = np.random.default_rng()
+        self._rng.bit_generator.state = state["rng"]
+        self.case_order = list(state["case_order"])
+        self.candidates = {d["id"]: Candidate.from_json(d) for d in state["candidates"]}
+        self._by_key = {c.key: c.id for c in self.candidates.values()}
+        self.population = list(state["population"])
+        self.generation = state["generation"]
+        self.generations = [dict(g) for g in state["generations"]]
+        self.evaluations = state["evaluations"]
+        self.best_score = state["best_score"]
+        self.stale = state["stale"]
+        self.done = state["done"]
+        self.done_reason = state["done_reason"]
+        self.prior = list(state["prior"])
+        self._post = None
+        self._version = 0
+        return self
+
+    # --- internals: candidates and scores ----------------------------------------------------
+
+    def _valid_prior(self, prior: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for p in prior:
+            try:
+                config = self.space.coerce(p["config"])
+                score = float(p["score"])
+            except (KeyError, TypeError, ValueError):
+                continue  # an earlier run's config that no longer fits the space
+            if math.isfinite(score):
+                out.append({"config": config, "score": score})
+        return out
+
+    def _add(self, config: dict[str, Any], origin: str, parents: list[str]) -> str:
+        key = self.space.key(config)
+        if key in self._by_key:
+            return self._by_key[key]
+        cid = f"c{len(self.candidates):05d}"
+        self.candidates[cid] = Candidate(
+            id=cid, config=config, key=key, origin=origin, generation=self.generation, parents=parents
+        )
+        self._by_key[key] = cid
+        return cid
+
+    def _first_target(self) -> int:
+        n = len(self.case_order)
+        return min(n, self.settings.racing_min_cases) if self.settings.racing else n
+
+    def _missing(self, c: Candidate) -> list[str]:
+        return [k for k in self.case_order[: c.target] if k not in c.scores and k not in c.pending]
+
+    def _pending_count(self) -> int:
+        return sum(len(c.pending) for c in self.candidates.values())
+
+    def _case_index(self) -> dict[str, int]:
+        return {k: j for j, k in enumerate(self.case_order)}
+
+    def _index(self) -> dict[str, int]:
+        return {cid: i for i, cid in enumerate(self.candidates)}
+
+    def _posterior(self) -> Posterior:
+        version = self._version * 1_000_003 + len(self.candidates)
+        if self._post is None or self._post[0] != version:
+            cols = self._case_index()
+            m = np.zeros((len(self.candidates), len(cols)))
+            mask = np.zeros_like(m, dtype=bool)
+            for i, c in enumerate(self.candidates.values()):
+                for case, s in c.scores.items():
+                    m[i, cols[case]] = s
+                    mask[i, cols[case]] = True
+            self._post = (version, posterior(m, mask, len(cols)))
+        return self._post[1]
+
+    # --- internals: the generation cycle -----------------------------------------------------
+
+    def _start(self) -> None:
+        size = self.settings.population_size
+        n_warm = round(size * self.settings.warm_start_fraction) if self.prior else 0
+        for p in sorted(self.prior, key=lambda p: -p["score"])[:n_warm]:
+            self.population.append(self._add(p["config"], "warm_start", []))
+        self.population = list(dict.fromkeys(self.population))
+        for _ in range(50 * size):
+            if len(self.population) >= size:
+                break
+            cid = self._add(self.space.sample(self._rng), "initial", [])
+            if cid not in self.population:
+                self.population.append(cid)
+        for cid in self.population:
+            self.candidates[cid].target = self._first_target()
+
+    def _advance(self) -> None:
+        """Close rungs and generations while nothing in the population is waiting."""
+        while not self.done:
+            if self.settings.max_evaluations is not None and self.evaluations >= self.settings.max_evaluations:
+                if self._pending_count() == 0:
+                    self._close_generation(final_reason="budget")
+                return
+            alive = [self.candidates[c] for c in self.population if not self.candidates[c].dropped]
+            if any(c.pending or self._missing(c) for c in alive):
+                return
+            if not self._race(alive):
+                self._close_generation()
+
+    def _race(self, alive: list[Candidate]) -> bool:
+        """At a rung's end: drop candidates confidently worse than the leader, then grow the
+        survivors' targets. False when every survivor is scored on every case."""
+        n_cases = len(self.case_order)
+        if len(alive) > 1 and self.settings.racing:
+            post, idx = self._posterior(), self._index()
+            leader = max(alive, key=lambda c: (post.mean[idx[c.id]], len(c.scores)))
+            for c in alive:
+                if c is leader:
+                    continue
+                common = [k for k in self.case_order if k in c.scores and k in leader.scores]
+                diffs = np.array([c.scores[k] - leader.scores[k] for k in common])
+                if len(diffs) and confidently_worse(
+                    diffs,
+                    confidence=self.settings.racing_confidence,
+                    pooled_var=2.0 * post.noise_var,
+                    n_cases=n_cases,
+                ):
+                    c.dropped = True
+                    c.drop_reason = f"worse than {leader.id} on {len(diffs)} paired cases"
+        grew = False
+        for c in alive:
+            n = len(c.scores)
+            if not c.dropped and n < n_cases:
+                c.target = min(n_cases, max(n + 1, math.ceil(n * self.settings.racing_growth)))
+                grew = True
+        self._version += 1
+        return grew
+
+    def _close_generation(self, final_reason: str = "") -> None:
+        best = self.best()
+        score = best["score"] if best and best["complete"] else None
+        improved = score is not None and (
+            self.best_score is None or score > self.best_score + self.settings.min_improvement
+        )
+        if improved:
+            self.best_score, self.stale = score, 0
+        else:
+            self.stale += 1
+        self.generations.append(
+            {
+                "generation": self.generation,
+                "candidates": list(self.population),
+                "dropped": sum(self.candidates[c].dropped for c in self.population),
+                "best_candidate_id": best["candidate_id"] if best else None,
+                "best_score": self.best_score,
+                "evaluations": self.evaluations,
+            }
+        )
+        self.generation += 1
+        if final_reason:
+            self.done, self.done_reason = True, final_reason
+        elif self.generation >= self.settings.generations:
+            self.done, self.done_reason = True, "generations"
+        elif self.settings.patience is not None and self.stale >= self.settings.patience:
+            self.done, self.done_reason = True, "patience"
+        else:
+            self._breed()
+
+    def _breed(self) -> None:
+        """The next population: elites (cached fitness, not re-evaluated) plus offspring."""
+        s = self.settings
+        post, idx = self._posterior(), self._index()
+        n_cases = len(self.case_order)
+        full = [c for c in self.candidates.values() if len(c.scores) == n_cases]
+        elites = sorted(full, key=lambda c: -post.mean[idx[c.id]])[: s.elite_size]
+        population = [c.id for c in elites]
+        needed = s.population_size - len(population)
+        if s.algorithm in ("random", "mab_only"):
+            children = self._fresh(needed)
+        else:
+            children = self._offspring(needed, post, idx, elites)
+        for config, parents in children:
+            cid = self._add(config, "offspring", parents)
+            if cid not in population:
+                population.append(cid)
+        for cid in population:
+            c = self.candidates[cid]
+            c.dropped, c.drop_reason = False, ""
+            c.target = max(len(c.scores), self._first_target())
+        self.population = population
+        self._version += 1
+
+    def _fresh(self, needed: int) -> list[tuple[dict[str, Any], list[str]]]:
+        out: list[tuple[dict[str, Any], list[str]]] = []
+        seen = set(self._by_key)
+        for _ in range(50 * needed):
+            if len(out) >= needed:
+                break
+            config = self.space.sample(self._rng)
+            if self.space.key(config) not in seen:
+                seen.add(self.space.key(config))
+                out.append((config, []))
+        return out
+
+    def _offspring(
+        self, needed: int, post: Posterior, idx: dict[str, int], elites: list[Candidate]
+    ) -> list[tuple[dict[str, Any], list[str]]]:
+        s = self.settings
+        pool = list(dict.fromkeys([c.id for c in elites] + [c for c in self.population]))
+        pool = [cid for cid in pool if self.candidates[cid].scores] or pool
+        thompson = s.algorithm == "mab_evolution"
+        use_surrogate = thompson and s.surrogate
+        n_children = needed * (s.surrogate_pool if use_surrogate else 1)
+
+        def tournament(fitness: np.ndarray) -> str:
+            k = min(s.tournament, len(pool))
+            entrants = self._rng.choice(len(pool), size=k, replace=False)
+            return pool[int(entrants[np.argmax(fitness[entrants])])]
+
+        children: list[tuple[dict[str, Any], list[str]]] = []
+        seen = set(self._by_key)
+        for _ in range(20 * n_children):
+            if len(children) >= n_children:
+                break
+            means = np.array([post.mean[idx[c]] for c in pool])
+            sds = np.sqrt([post.var[idx[c]] for c in pool])
+            # a fresh Thompson draw per tournament: uncertain candidates get their fair chance
+            fitness = means + sds * self._rng.standard_normal(len(pool)) if thompson else means
+            a = tournament(fitness)
+            parents = [a]
+            config = dict(self.candidates[a].config)
+            if self._rng.random() < s.crossover_rate:
+                b = tournament(fitness)
+                parents.append(b)
+                config = self.space.crossover(config, self.candidates[b].config, self._rng)
+            scale = s.mutation_scale
+            if use_surrogate:
+                scale *= FINE_SCALES[int(self._rng.choice(len(FINE_SCALES), p=FINE_WEIGHTS))]
+            config = self.space.mutate(config, self._rng, rate=s.mutation_rate, scale=scale)
+            key = self.space.key(config)
+            if key not in seen:
+                seen.add(key)
+                children.append((config, parents))
+        if use_surrogate and len(children) > needed:
+            children = self._screen(children, needed)
+        if len(children) < needed:
+            children += self._fresh(needed - len(children))
+        return children[:needed]
+
+    def _screen(
+        self, children: list[tuple[dict[str, Any], list[str]]], needed: int
+    ) -> list[tuple[dict[str, Any], list[str]]]:
+        """Keep the ``needed`` children with the highest Thompson draws from the surrogate."""
+        post, idx = self._posterior(), self._index()
+        seen = [c for c in self.candidates.values() if c.scores]
+        configs = [c.config for c in seen] + [p["config"] for p in self.prior]
+        y = np.array([post.mean[idx[c.id]] for c in seen] + [p["score"] for p in self.prior])
+        noise = np.array([post.var[idx[c.id]] for c in seen] + [float(np.var(y)) * 0.25] * len(self.prior))
+        if len(y) < 4:
+            return children[:needed]
+        # rank-warped targets: robust to the heavy tails of raw objective values
+        ranks = np.empty(len(y))
+        ranks[np.argsort(y, kind="stable")] = np.arange(1, len(y) + 1)
+        z = special.ndtri((ranks - 0.5) / len(y))
+        scale = float(np.var(y)) or 1.0
+        model = fit_surrogate(self.space.encode(configs), z, noise / scale)
+        if model is None:
+            return children[:needed]
+        draws = model.thompson(self.space.encode([c for c, _ in children]), self._rng)
+        order = np.argsort(-draws)[:needed]
+        return [children[int(i)] for i in order]

@@ -1,0 +1,75 @@
+"""The knobs of one search, with The Convergence's evolution defaults."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+ALGORITHMS = ("mab_evolution", "genetic", "mab_only", "random")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """``algorithm``: ``mab_evolution`` (Thompson-sampled tournaments, surrogate-screened offspring,
+    racing), ``genetic`` (plain GA: tournaments on the mean, no surrogate), ``mab_only`` (fresh random
+    configs each generation, raced by Thompson sampling), ``random``.
+
+    ``mutation_rate`` is the per-gene probability (one gene always mutates); ``mutation_scale`` the
+    Gaussian sigma as a fraction of each numeric range. ``min_improvement`` is absolute, in score
+    units. ``max_evaluations`` caps test-case evaluations (None: no cap)."""
+
+    population_size: int = 20
+    generations: int = 10
+    mutation_rate: float = 0.2
+    crossover_rate: float = 0.7
+    elite_size: int = 2
+    tournament_size: int | None = None
+    mutation_scale: float = 0.1
+    racing: bool = True
+    racing_min_cases: int = 3
+    racing_growth: float = 2.0
+    racing_confidence: float = 0.9
+    patience: int | None = None
+    min_improvement: float = 0.0
+    max_evaluations: int | None = None
+    surrogate: bool = True
+    surrogate_pool: int = 20
+    warm_start_fraction: float = 0.5
+    algorithm: str = "mab_evolution"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.population_size < 2:
+            problems.append("population_size must be at least 2")
+        if self.generations < 1:
+            problems.append("generations must be at least 1")
+        if not 0 <= self.elite_size < self.population_size:
+            problems.append("elite_size must be in [0, population_size)")
+        for name in ("mutation_rate", "crossover_rate", "warm_start_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be in [0, 1]")
+        if not 0 < self.mutation_scale <= 1:
+            problems.append("mutation_scale must be in (0, 1]")
+        if self.racing_min_cases < 1 or self.racing_growth <= 1:
+            problems.append("racing needs min_cases >= 1 and growth > 1")
+        if not 0.5 < self.racing_confidence < 1:
+            problems.append("racing_confidence must be in (0.5, 1)")
+        if self.algorithm not in ALGORITHMS:
+            problems.append(f"algorithm must be one of {list(ALGORITHMS)}")
+        if self.max_evaluations is not None and self.max_evaluations < 1:
+            problems.append("max_evaluations must be at least 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def tournament(self) -> int:
+        return self.tournament_size or max(2, self.population_size // 4)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SearchSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
