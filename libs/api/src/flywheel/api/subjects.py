@@ -178,6 +178,12 @@ class Catalogue:
                 "Folds evaluation results into runs.",
             ),
             ConsumerSpec(
+                "optimizer-proposals",
+                f"{p}_SOCIETY",
+                f"{ns}.society.proposal.>",
+                "Injects proposed configs into the running generation of their run.",
+            ),
+            ConsumerSpec(
                 "society-run-progress", f"{p}_RUNS", f"{ns}.optimizer.run.>", "Watches runs to propose candidates."
             ),
             ConsumerSpec(

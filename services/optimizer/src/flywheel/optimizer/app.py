@@ -5,13 +5,17 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from flywheel.api.evaluator.v1.events_pb2 import EvaluationResult
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
 from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2_grpc as ope_grpc
+from flywheel.api.optimizer.v1 import run_service_pb2 as run_pb
+from flywheel.api.optimizer.v1 import run_service_pb2_grpc as run_grpc
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.api.society.v1.events_pb2 import ProposalEvent
 from flywheel.core import entrypoint
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
@@ -21,6 +25,10 @@ from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
 from flywheel.optimizer.grpc_api import EndpointAdminServicer, OffPolicyServicer, SelectionServicer
 from flywheel.optimizer.handlers import FeedbackHandler
+from flywheel.optimizer.runs.driver import RunDriver
+from flywheel.optimizer.runs.grpc_api import RunServicer
+from flywheel.optimizer.runs.proposals import ProposalHandler
+from flywheel.optimizer.runs.results import EvaluationResultHandler
 from flywheel.optimizer.selector import Selector, StickySessions
 from flywheel.optimizer.settings import OptimizerSettings
 
@@ -35,7 +43,7 @@ def _service_name(module: object, service: str) -> str:
 async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     bus = await connect_bus(settings.nats, name=NAME, parts=parts)
     database = connect_database(settings.db, parts=parts)
-    connect_objects(settings.s3, parts=parts)  # run reports (batch runs); checked for readiness
+    objects = connect_objects(settings.s3, parts=parts)  # batch runs' result files
     window = timedelta(seconds=settings.feedback_window_s)
 
     cache = PosteriorCache(database.sessions, refresh_interval_s=settings.refresh_interval_s)
@@ -62,6 +70,11 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             OffPolicyServicer(database.sessions, cache),
             _service_name(ope_pb, "OffPolicyService"),
         ),
+        (
+            run_grpc.add_RunServiceServicer_to_server,
+            RunServicer(database.sessions, objects),
+            _service_name(run_pb, "RunService"),
+        ),
     ]
     parts.consumers.append(
         EventConsumer(
@@ -73,7 +86,27 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             batch_size=1000,  # one transaction per 1000 events when there is a backlog
         )
     )
-    parts.background += [cache.run, decisions.run, lifecycle.run]
+    # Batch runs: results fold in exactly once (a row per run, candidate and test case);
+    # proposals from the society go into the running generation.
+    parts.consumers += [
+        EventConsumer(
+            js=bus.js,
+            catalogue=bus.catalogue,
+            spec=bus.catalogue.consumer("optimizer-evaluation-results"),
+            message_type=EvaluationResult,
+            batch_handler=EvaluationResultHandler(database.sessions),
+            batch_size=256,
+        ),
+        EventConsumer(
+            js=bus.js,
+            catalogue=bus.catalogue,
+            spec=bus.catalogue.consumer("optimizer-proposals"),
+            message_type=ProposalEvent,
+            handler=ProposalHandler(database.sessions),
+        ),
+    ]
+    driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
+    parts.background += [cache.run, decisions.run, lifecycle.run, driver.run]
     # Closers run in reverse: the decision buffer is flushed before the database closes.
     parts.closers.append(decisions.flush)
 

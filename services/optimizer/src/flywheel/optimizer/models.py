@@ -23,6 +23,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKeyConstraint,
+    Identity,
     Index,
     Integer,
     String,
@@ -122,3 +123,95 @@ class AppliedFeedbackRow(OptimizerBase):
     decision_id: Mapped[str] = mapped_column(String(64), index=True)
     reward: Mapped[float] = mapped_column(Float)
     applied_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+# -- batch optimization runs ---------------------------------------------------------------
+#
+# - ``runs``: one row per run: its config, state, the search state (JSON, saved with every
+#   step so a restarted optimizer resumes where the last one stopped) and its artifacts.
+# - ``run_candidates``: every config the search proposed (or a proposer injected).
+# - ``run_requests``: every evaluation request published; a request without a result is
+#   in flight, and is re-published when the run resumes.
+# - ``run_evaluations``: one row per (run, candidate, test case): the primary key is what
+#   makes a redelivered or duplicated result count once.
+
+
+class RunRow(OptimizerBase):
+    __tablename__ = "runs"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    state: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    search_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    generations_total: Mapped[int] = mapped_column(Integer, default=0)
+    evaluations_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    evaluations_budget: Mapped[int] = mapped_column(BigInteger, default=0)
+    best_score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    artifacts: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    error: Mapped[str] = mapped_column(String, default="")
+    stopped_because: Mapped[str] = mapped_column(String(256), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RunCandidateRow(OptimizerBase):
+    __tablename__ = "run_candidates"
+    __table_args__ = (ForeignKeyConstraint(["run_id"], ["runs.run_id"], ondelete="CASCADE"),)
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    candidate_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    origin: Mapped[str] = mapped_column(String(32), default="search")
+
+
+class RunRequestRow(OptimizerBase):
+    __tablename__ = "run_requests"
+    __table_args__ = (
+        ForeignKeyConstraint(["run_id"], ["runs.run_id"], ondelete="CASCADE"),
+        Index("ix_run_requests_pair", "run_id", "candidate_id", "test_case_id", unique=True),
+    )
+
+    request_id: Mapped[str] = mapped_column(String(96), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    candidate_id: Mapped[str] = mapped_column(String(64))
+    test_case_id: Mapped[str] = mapped_column(String(256))
+    published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RunEvaluationRow(OptimizerBase):
+    __tablename__ = "run_evaluations"
+    __table_args__ = (ForeignKeyConstraint(["run_id"], ["runs.run_id"], ondelete="CASCADE"),)
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    candidate_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    test_case_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(96))
+    # Increasing per row, so the run driver folds new results in order and exactly once.
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False), unique=True)
+    score: Mapped[float] = mapped_column(Float)
+    components: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    output: Mapped[str] = mapped_column(String, default="")
+    error: Mapped[str] = mapped_column(String, default="")
+    trace_id: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RunInjectionRow(OptimizerBase):
+    """Configs an outside proposer (the society) sent for a run; the driver injects them into
+    the running generation at its next step and marks them applied."""
+
+    __tablename__ = "run_injections"
+    __table_args__ = (ForeignKeyConstraint(["run_id"], ["runs.run_id"], ondelete="CASCADE"),)
+
+    injection_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    configs: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    origin: Mapped[str] = mapped_column(String(32), default="injected")
+    applied: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

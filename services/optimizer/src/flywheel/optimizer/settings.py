@@ -21,3 +21,5 @@ class OptimizerSettings(ServiceSettings):
     decision_flush_interval_s: float = Field(0.02, gt=0, le=5)
     # How often the elected replica judges incumbents and canaries.
     lifecycle_interval_s: float = Field(2.0, gt=0)
+    # How often the run driver steps each running batch run (fold results, send requests).
+    run_tick_s: float = Field(0.5, gt=0, le=60)

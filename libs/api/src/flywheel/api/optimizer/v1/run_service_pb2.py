@@ -26,7 +26,7 @@ from flywheel.api.optimizer.v1 import runs_pb2 as flywheel_dot_api_dot_optimizer
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+flywheel/api/optimizer/v1/run_service.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a$flywheel/api/optimizer/v1/runs.proto\x1a\x1cgoogle/protobuf/struct.proto\":\n\x0fStartRunRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"?\n\x10StartRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"=\n\x0eGetRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"L\n\x10WatchRunResponse\x12\x38\n\x08progress\x18\x01 \x01(\x0b\x32&.flywheel.api.optimizer.v1.RunProgress\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"@\n\x11\x43\x61ncelRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run2\x9f\x03\n\nRunService\x12\x63\n\x08StartRun\x12*.flywheel.api.optimizer.v1.StartRunRequest\x1a+.flywheel.api.optimizer.v1.StartRunResponse\x12]\n\x06GetRun\x12(.flywheel.api.optimizer.v1.GetRunRequest\x1a).flywheel.api.optimizer.v1.GetRunResponse\x12\x65\n\x08WatchRun\x12*.flywheel.api.optimizer.v1.WatchRunRequest\x1a+.flywheel.api.optimizer.v1.WatchRunResponse0\x01\x12\x66\n\tCancelRun\x12+.flywheel.api.optimizer.v1.CancelRunRequest\x1a,.flywheel.api.optimizer.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+flywheel/api/optimizer/v1/run_service.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a$flywheel/api/optimizer/v1/runs.proto\x1a\x1cgoogle/protobuf/struct.proto\":\n\x0fStartRunRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"?\n\x10StartRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"=\n\x0eGetRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"L\n\x10WatchRunResponse\x12\x38\n\x08progress\x18\x01 \x01(\x0b\x32&.flywheel.api.optimizer.v1.RunProgress\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"@\n\x11\x43\x61ncelRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run\"T\n\x0fListRunsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.flywheel.api.optimizer.v1.RunState\"@\n\x10ListRunsResponse\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.flywheel.api.optimizer.v1.Run\"5\n\x15GetRunArtifactRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"M\n\x16GetRunArtifactResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t2\xfb\x04\n\nRunService\x12\x63\n\x08StartRun\x12*.flywheel.api.optimizer.v1.StartRunRequest\x1a+.flywheel.api.optimizer.v1.StartRunResponse\x12]\n\x06GetRun\x12(.flywheel.api.optimizer.v1.GetRunRequest\x1a).flywheel.api.optimizer.v1.GetRunResponse\x12\x65\n\x08WatchRun\x12*.flywheel.api.optimizer.v1.WatchRunRequest\x1a+.flywheel.api.optimizer.v1.WatchRunResponse0\x01\x12\x66\n\tCancelRun\x12+.flywheel.api.optimizer.v1.CancelRunRequest\x1a,.flywheel.api.optimizer.v1.CancelRunResponse\x12\x63\n\x08ListRuns\x12*.flywheel.api.optimizer.v1.ListRunsRequest\x1a+.flywheel.api.optimizer.v1.ListRunsResponse\x12u\n\x0eGetRunArtifact\x12\x30.flywheel.api.optimizer.v1.GetRunArtifactRequest\x1a\x31.flywheel.api.optimizer.v1.GetRunArtifactResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,6 +49,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELRUNREQUEST']._serialized_end=510
   _globals['_CANCELRUNRESPONSE']._serialized_start=512
   _globals['_CANCELRUNRESPONSE']._serialized_end=576
-  _globals['_RUNSERVICE']._serialized_start=579
-  _globals['_RUNSERVICE']._serialized_end=994
+  _globals['_LISTRUNSREQUEST']._serialized_start=578
+  _globals['_LISTRUNSREQUEST']._serialized_end=662
+  _globals['_LISTRUNSRESPONSE']._serialized_start=664
+  _globals['_LISTRUNSRESPONSE']._serialized_end=728
+  _globals['_GETRUNARTIFACTREQUEST']._serialized_start=730
+  _globals['_GETRUNARTIFACTREQUEST']._serialized_end=783
+  _globals['_GETRUNARTIFACTRESPONSE']._serialized_start=785
+  _globals['_GETRUNARTIFACTRESPONSE']._serialized_end=862
+  _globals['_RUNSERVICE']._serialized_start=865
+  _globals['_RUNSERVICE']._serialized_end=1500
 # @@protoc_insertion_point(module_scope)

@@ -3,10 +3,12 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from flywheel.api.optimizer.v1 import runs_pb2 as _runs_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -176,3 +178,95 @@ class CancelRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelRunResponse: _TypeAlias = CancelRunResponse  # noqa: Y015
+
+@_typing.final
+class ListRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """At most this many runs; 0 means the server's default."""
+    state: _runs_pb2.RunState.ValueType
+    """Only runs in this state; RUN_STATE_UNSPECIFIED means any state."""
+    def __init__(
+        self,
+        *,
+        limit: _builtins.int = ...,
+        state: _runs_pb2.RunState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListRunsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[_runs_pb2.Run]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[_runs_pb2.Run] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class GetRunArtifactRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    name: _builtins.str
+    """best_config.json, detailed_results.json, report.md or report.html."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunArtifactRequest: _TypeAlias = GetRunArtifactRequest  # noqa: Y015
+
+@_typing.final
+class GetRunArtifactResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    content: _builtins.bytes
+    content_type: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        content: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "content_type", b"content_type", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunArtifactResponse: _TypeAlias = GetRunArtifactResponse  # noqa: Y015

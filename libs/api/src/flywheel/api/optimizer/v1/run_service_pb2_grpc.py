@@ -55,6 +55,16 @@ class RunServiceStub:
                 request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/flywheel.api.optimizer.v1.RunService/ListRuns',
+                request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
+        self.GetRunArtifact = channel.unary_unary(
+                '/flywheel.api.optimizer.v1.RunService/GetRunArtifact',
+                request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -86,6 +96,21 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """Runs, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunArtifact(self, request, context):
+        """The content of one result file of a run: best_config.json, detailed_results.json,
+        report.md or report.html.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +133,16 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.CancelRunRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunsRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRunArtifact': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunArtifact,
+                    request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +254,60 @@ class RunService:
             '/flywheel.api.optimizer.v1.RunService/CancelRun',
             flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
             flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.optimizer.v1.RunService/ListRuns',
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.optimizer.v1.RunService/GetRunArtifact',
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactRequest.SerializeToString,
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,12 @@ class RunServiceStub:
     WatchRun: _grpc.UnaryStreamMultiCallable[_run_service_pb2.WatchRunRequest, _run_service_pb2.WatchRunResponse]
     """A stream of progress, one message per generation, until the run ends."""
     CancelRun: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]
+    """Runs, newest first."""
+    GetRunArtifact: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.GetRunArtifactRequest, _run_service_pb2.GetRunArtifactResponse]
+    """The content of one result file of a run: best_config.json, detailed_results.json,
+    report.md or report.html.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -49,6 +55,12 @@ class RunServiceAsyncStub(RunServiceStub):
     WatchRun: _aio.UnaryStreamMultiCallable[_run_service_pb2.WatchRunRequest, _run_service_pb2.WatchRunResponse]  # type: ignore[assignment]
     """A stream of progress, one message per generation, until the run ends."""
     CancelRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]  # type: ignore[assignment]
+    ListRuns: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]  # type: ignore[assignment]
+    """Runs, newest first."""
+    GetRunArtifact: _aio.UnaryUnaryMultiCallable[_run_service_pb2.GetRunArtifactRequest, _run_service_pb2.GetRunArtifactResponse]  # type: ignore[assignment]
+    """The content of one result file of a run: best_config.json, detailed_results.json,
+    report.md or report.html.
+    """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     """Batch optimization runs."""
@@ -81,5 +93,23 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _run_service_pb2.CancelRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_run_service_pb2.CancelRunResponse, _abc.Awaitable[_run_service_pb2.CancelRunResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRuns(
+        self,
+        request: _run_service_pb2.ListRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.ListRunsResponse, _abc.Awaitable[_run_service_pb2.ListRunsResponse]]:
+        """Runs, newest first."""
+
+    @_abc_1.abstractmethod
+    def GetRunArtifact(
+        self,
+        request: _run_service_pb2.GetRunArtifactRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.GetRunArtifactResponse, _abc.Awaitable[_run_service_pb2.GetRunArtifactResponse]]:
+        """The content of one result file of a run: best_config.json, detailed_results.json,
+        report.md or report.html.
+        """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,117 @@
+"""RunService: start, watch, list, cancel batch runs and fetch their result files."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from flywheel.api.optimizer.v1 import run_service_pb2 as pb
+from flywheel.api.optimizer.v1 import run_service_pb2_grpc as pb_grpc
+from flywheel.api.optimizer.v1 import runs_pb2
+from flywheel.core.errors import InvalidArgument
+from flywheel.core.objects import ObjectStore
+from flywheel.optimizer.models import RunRow
+from flywheel.optimizer.runs import service
+from flywheel.optimizer.runs.driver import ARTIFACTS, BUCKET, RUNNING, STATES
+
+_STATE_NAMES = {v: k for k, v in STATES.items()}
+_CONTENT_TYPES = {"json": "application/json", "md": "text/markdown", "html": "text/html"}
+
+
+def _struct(value: dict[str, Any] | None) -> Struct:
+    out = Struct()
+    if value:
+        out.update(value)
+    return out
+
+
+def run_message(row: RunRow) -> runs_pb2.Run:
+    msg = runs_pb2.Run(
+        run_id=row.run_id,
+        state=STATES[row.state],
+        config=_struct(row.config),
+        generation=row.generation,
+        generations_total=row.generations_total,
+        best_score=row.best_score or 0.0,
+        best_config=_struct(row.best_config),
+        artifacts=row.artifacts or {},
+        error=row.error,
+    )
+    msg.created_at.FromDatetime(row.created_at)
+    return msg
+
+
+def _progress(row: RunRow) -> runs_pb2.RunProgress:
+    return runs_pb2.RunProgress(
+        run_id=row.run_id,
+        state=STATES[row.state],
+        generation=row.generation,
+        generations_total=row.generations_total,
+        evaluations_done=row.evaluations_done,
+        evaluations_total=row.evaluations_budget,
+        best_score=row.best_score or 0.0,
+        best_config=_struct(row.best_config),
+    )
+
+
+class RunServicer(pb_grpc.RunServiceServicer):
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], objects: ObjectStore, *, watch_interval_s: float = 0.5
+    ) -> None:
+        self._sessions = sessions
+        self._objects = objects
+        self._watch_interval_s = watch_interval_s
+
+    async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext) -> pb.StartRunResponse:
+        config = json_format.MessageToDict(request.config)
+        async with self._sessions() as session:
+            row = await service.start_run(session, config=config, name=getattr(request, "name", ""))
+        return pb.StartRunResponse(run=run_message(row))
+
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
+        async with self._sessions() as session:
+            return pb.GetRunResponse(run=run_message(await service.get_run(session, run_id=request.run_id)))
+
+    async def ListRuns(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        state = _STATE_NAMES.get(request.state) if request.state else None
+        async with self._sessions() as session:
+            rows = await service.list_runs(session, limit=request.limit, state=state)
+        return pb.ListRunsResponse(runs=[run_message(r) for r in rows])
+
+    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+        async with self._sessions() as session:
+            return pb.CancelRunResponse(run=run_message(await service.cancel_run(session, run_id=request.run_id)))
+
+    async def WatchRun(
+        self, request: pb.WatchRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchRunResponse]:
+        """Progress each time the run moves (and once at the start); ends when the run ends."""
+        last: tuple[Any, ...] | None = None
+        while True:
+            async with self._sessions() as session:
+                row = await service.get_run(session, run_id=request.run_id)
+            seen = (row.state, row.generation, row.evaluations_done, bool(row.artifacts))
+            if seen != last:
+                last = seen
+                yield pb.WatchRunResponse(progress=_progress(row))
+            # A finished run reports once its files are written (the driver's last step).
+            if row.state != RUNNING and (row.artifacts or row.state == "cancelled"):
+                return
+            await asyncio.sleep(self._watch_interval_s)
+
+    async def GetRunArtifact(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not request.name:
+            raise InvalidArgument(f"name is empty; one of {', '.join(ARTIFACTS)}")
+        async with self._sessions() as session:
+            row = await service.get_run(session, run_id=request.run_id)
+        key = service.artifact_key(row, request.name)
+        content = await self._objects.get_bytes(BUCKET, key)
+        return pb.GetRunArtifactResponse(
+            name=request.name, content=content, content_type=_CONTENT_TYPES[request.name.rsplit(".", 1)[1]]
+        )
