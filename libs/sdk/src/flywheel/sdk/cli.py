@@ -4,6 +4,9 @@
     flywheel endpoint get support-bot [--json]          # arms, posteriors, incumbent
     flywheel endpoint list [--json]
     flywheel ope support-bot --arm large [--since 2025-01-01T00:00:00Z] [--json]
+    flywheel init [--output optimization.yaml]         # ask questions, write a run config
+    flywheel optimize optimization.yaml [--no-wait]    # run it: progress, best config, results
+    flywheel runs list [--json] | show RUN_ID [--json] | download RUN_ID [--output DIR]
 
 The endpoint file's schema is documented in ``flywheel.sdk.endpoint_file`` (and
 ``libs/sdk/examples/endpoint.yaml``). The optimizer is ``--target`` or
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +32,26 @@ from google.protobuf import json_format
 
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
+from flywheel.api.optimizer.v1 import runs_pb2 as runs_pb
 from flywheel.sdk.admin import AdminClient, ApplyConflict, apply_plan, plan_apply
 from flywheel.sdk.endpoint_file import KIND_FROM_PB, STATUS_NAMES, EndpointFileError, load_endpoint_file
+from flywheel.sdk.run_init import (
+    KINDS,
+    METRICS,
+    InitAnswers,
+    ask_answers,
+    parse_range,
+    render_config,
+    write_example_cases,
+)
+from flywheel.sdk.runs import (
+    ARTIFACT_NAMES,
+    STATE_FROM_NAME,
+    STATE_NAMES,
+    TERMINAL_STATES,
+    RunsClient,
+    load_run_file,
+)
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 _ESTIMATOR_NAMES = {
@@ -92,7 +114,7 @@ def confidence(text: str) -> float:
 # ---- connection -----------------------------------------------------------------------
 
 
-def _admin(args: argparse.Namespace) -> AdminClient:
+def _connection(args: argparse.Namespace) -> dict[str, Any]:
     target = getattr(args, "target", None) or os.environ.get("FLYWHEEL_OPTIMIZER_ADDRESS") or DEFAULT_TARGET
     args.resolved_target = target
     token = os.environ.get("FLYWHEEL_AUTH_TOKEN") or None
@@ -109,9 +131,20 @@ def _admin(args: argparse.Namespace) -> AdminClient:
             roots = Path(ca).read_bytes()
         except OSError as exc:
             raise CliError(f"--tls-ca {ca}: {exc.strerror or exc}") from None
-    return AdminClient(
-        target=target, auth_token=token, tls_root_certificates=roots, timeout_s=getattr(args, "timeout", None) or 10.0
-    )
+    return {
+        "target": target,
+        "auth_token": token,
+        "tls_root_certificates": roots,
+        "timeout_s": getattr(args, "timeout", None) or 10.0,
+    }
+
+
+def _admin(args: argparse.Namespace) -> AdminClient:
+    return AdminClient(**_connection(args))
+
+
+def _runs(args: argparse.Namespace) -> RunsClient:
+    return RunsClient(**_connection(args))
 
 
 # ---- commands -------------------------------------------------------------------------
@@ -279,6 +312,267 @@ def cmd_ope(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- runs: init, optimize, runs list/show/download -------------------------------------
+
+_WATCH_RETRIES = 6  # reconnects while the optimizer restarts (a run survives it) before giving up
+_WATCH_BACKOFF_S = 0.25  # doubles per failed try, at most 8 s
+
+
+def _state(state: int) -> str:
+    return STATE_NAMES.get(state, str(state))  # type: ignore[call-overload]
+
+
+def _plain(value: Any) -> Any:
+    """Struct numbers are doubles: show 16.0 as 16."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _run_json(run: runs_pb.Run) -> dict[str, Any]:
+    return _plain(json_format.MessageToDict(run, preserving_proto_field_name=True))
+
+
+def _created(run: runs_pb.Run) -> str:
+    if not run.HasField("created_at"):
+        return "-"
+    return run.created_at.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds")
+
+
+def _api_name(run: runs_pb.Run) -> str:
+    api = json_format.MessageToDict(run.config).get("api")
+    return str(api.get("name", "-")) if isinstance(api, dict) else "-"
+
+
+def _artifact_lines(run: runs_pb.Run) -> list[str]:
+    names = [n for n in ARTIFACT_NAMES if n in run.artifacts] + sorted(set(run.artifacts) - set(ARTIFACT_NAMES))
+    width = max(len(n) for n in names)
+    return [f"  {n.ljust(width)}  {run.artifacts[n]}" for n in names]
+
+
+def _print_result(run: runs_pb.Run) -> None:
+    print(
+        f"run {run.run_id} {_state(run.state)} after {run.generation}/{run.generations_total} generations: "
+        f"best score {run.best_score:.4f}"
+    )
+    if run.HasField("best_config"):
+        print("best config:")
+        print(json.dumps(_plain(json_format.MessageToDict(run.best_config)), indent=2, sort_keys=True))
+    if run.artifacts:
+        print("results:")
+        print("\n".join(_artifact_lines(run)))
+        print(f"download them with: flywheel runs download {run.run_id}")
+
+
+def _confirm(args: argparse.Namespace, question: str, default: bool) -> bool:
+    """A yes/no question; with --non-interactive the answer is no."""
+    if args.non_interactive:
+        return False
+    reply = input(question).strip().lower()
+    return default if not reply else reply in ("y", "yes")
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    try:
+        if args.non_interactive:
+            answers = InitAnswers(
+                name=args.name,
+                kind=args.kind,
+                model=args.model,
+                api_base=args.api_base,
+                endpoint=args.endpoint or "",
+                callable=args.callable or "",
+                temperature=args.temperature,
+                system_prompts=args.system_prompt or InitAnswers().system_prompts,
+                test_cases=args.test_cases,
+                metrics=[m.strip() for m in args.metrics.split(",") if m.strip()],
+                population=args.population,
+                generations=args.generations,
+            )
+        else:
+            answers = ask_answers()
+        text = render_config(answers)
+        if out.exists() and not args.force and not _confirm(args, f"{out} exists; overwrite it? [y/N] ", False):
+            raise CliError(f"{out} exists; pass --force to overwrite it")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out}")
+        cases = out.parent / answers.test_cases
+        if not cases.exists():
+            if args.example_cases or _confirm(args, f"{cases} does not exist; write an example to edit? [Y/n] ", True):
+                write_example_cases(cases)
+                print(f"wrote {cases} (3 example cases: replace them with yours)")
+            else:
+                print(f"note: create {cases} before running (a JSON list of {{id, input, expected}})")
+    except EOFError:
+        raise CliError("stdin closed before all questions were answered; use --non-interactive with flags") from None
+    print(f"run it with: flywheel optimize {out}")
+    return 0
+
+
+def _follow(runs: RunsClient, run_id: str, *, log: Any) -> runs_pb.Run:
+    """Show WatchRun progress until the run ends; reconnect while the optimizer is unavailable."""
+    from tqdm import tqdm  # lazily: only this command draws bars
+
+    bar = tqdm(total=None, unit="eval", desc=f"run {run_id}", file=sys.stderr, dynamic_ncols=True)
+    last_generation = 0
+    failures = 0
+    try:
+        while True:
+            try:
+                for p in runs.watch(run_id):
+                    failures = 0
+                    if p.evaluations_total and bar.total != p.evaluations_total:
+                        bar.total = p.evaluations_total
+                    bar.n = p.evaluations_done
+                    bar.refresh()
+                    if p.generation > last_generation:
+                        last_generation = p.generation
+                        bar.write(
+                            f"generation {p.generation}/{p.generations_total}: best score {p.best_score:.4f} "
+                            f"({p.evaluations_done} evaluations)",
+                            file=log,
+                        )
+                    if p.state in TERMINAL_STATES:
+                        break
+                run = runs.get(run_id)
+                if run.state in TERMINAL_STATES:
+                    return run
+                failures += 1  # the stream ended while the run goes on: the server closed it
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or failures >= _WATCH_RETRIES:  # type: ignore[attr-defined]
+                    raise
+                failures += 1
+                bar.write(f"lost the optimizer ({_one_line(exc.details() or '')}); reconnecting", file=sys.stderr)  # type: ignore[attr-defined]
+            if failures > _WATCH_RETRIES:
+                raise CliError(
+                    f"the progress stream keeps ending while run {run_id} goes on; see: flywheel runs show {run_id}"
+                )
+            time.sleep(min(_WATCH_BACKOFF_S * 2**failures, 8.0))
+    finally:
+        bar.close()
+
+
+def _interrupted(runs: RunsClient, run_id: str, cancel: bool) -> int:
+    if not cancel:
+        try:
+            cancel = input(f"\ncancel run {run_id} on the optimizer? [y/N] ").strip().lower() in ("y", "yes")
+        except (EOFError, KeyboardInterrupt):
+            cancel = False
+    if cancel:
+        run = runs.cancel(run_id)
+        print(f"run {run_id}: {_state(run.state)}", file=sys.stderr)
+    else:
+        print(f"run {run_id} goes on; see it with: flywheel runs show {run_id}", file=sys.stderr)
+    return 130
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    config = load_run_file(args.file)
+    if args.name:
+        api = config.get("api")
+        config["api"] = {**api, "name": args.name} if isinstance(api, dict) else {"name": args.name}
+    log = sys.stderr if args.json else sys.stdout  # --json keeps stdout for the JSON
+    with _runs(args) as runs:
+        run = runs.start(config)
+        if args.no_wait:
+            if args.json:
+                print(json.dumps(_run_json(run), indent=2, sort_keys=True))
+            else:
+                print(f"run {run.run_id} {_state(run.state)}; follow it with: flywheel runs show {run.run_id}")
+            return 0
+        print(f"run {run.run_id} {_state(run.state)} (Ctrl-C to stop watching)", file=log)
+        try:
+            run = _follow(runs, run.run_id, log=log)
+        except KeyboardInterrupt:
+            return _interrupted(runs, run.run_id, args.cancel_on_interrupt)
+    if args.json:
+        print(json.dumps(_run_json(run), indent=2, sort_keys=True))
+    else:
+        _print_result(run)
+    if run.state == runs_pb.RUN_STATE_FAILED:
+        raise CliError(f"run {run.run_id} failed: {run.error or 'no reason given'}")
+    if run.state == runs_pb.RUN_STATE_CANCELLED:
+        raise CliError(f"run {run.run_id} was cancelled")
+    return 0
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    state = STATE_FROM_NAME[args.state] if args.state else runs_pb.RUN_STATE_UNSPECIFIED
+    with _runs(args) as runs:
+        found = runs.list(limit=args.limit, state=state)
+    if args.json:
+        print(json.dumps([_run_json(r) for r in found], indent=2, sort_keys=True))
+        return 0
+    if not found:
+        print("no runs")
+        return 0
+    rows = [
+        [
+            r.run_id,
+            _state(r.state),
+            _api_name(r),
+            f"{r.generation}/{r.generations_total}",
+            f"{r.best_score:.4f}" if r.generation else "-",
+            _created(r),
+        ]
+        for r in found
+    ]
+    print(table(["RUN_ID", "STATE", "API", "GENERATION", "BEST", "CREATED"], rows))
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    with _runs(args) as runs:
+        run = runs.get(args.run_id)
+    if args.json:
+        print(json.dumps(_run_json(run), indent=2, sort_keys=True))
+        return 0
+    print(f"run          {run.run_id}")
+    print(f"state        {_state(run.state)}")
+    print(f"api          {_api_name(run)}")
+    print(f"created      {_created(run)}")
+    print(f"generation   {run.generation}/{run.generations_total}")
+    print(f"best score   {run.best_score:.4f}" if run.generation else "best score   -")
+    if run.error:
+        print(f"error        {_one_line(run.error)}")
+    if run.HasField("best_config"):
+        print("best config:")
+        print(json.dumps(_plain(json_format.MessageToDict(run.best_config)), indent=2, sort_keys=True))
+    if run.artifacts:
+        print("results:")
+        print("\n".join(_artifact_lines(run)))
+    return 0
+
+
+def cmd_runs_download(args: argparse.Namespace) -> int:
+    out = Path(args.output or args.run_id)
+    missing: list[str] = []
+    with _runs(args) as runs:
+        run = runs.get(args.run_id)  # NOT_FOUND here says the run does not exist
+        for name in ARTIFACT_NAMES:
+            try:
+                artifact = runs.artifact(args.run_id, name)
+            except grpc.RpcError as exc:
+                # the optimizer answers FAILED_PRECONDITION for a file not written yet
+                if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):  # type: ignore[attr-defined]
+                    raise
+                missing.append(name)
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(artifact.content)  # our name, never the server's: no path tricks
+            print(f"wrote {out / name} ({len(artifact.content)} bytes)")
+    if missing:
+        why = "" if run.state in TERMINAL_STATES else "; results are written when the run ends"
+        raise CliError(f"run {run.run_id} ({_state(run.state)}) has no {', '.join(missing)}{why}")
+    return 0
+
+
 # ---- parser ---------------------------------------------------------------------------
 
 
@@ -307,7 +601,7 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flywheel",
-        description="Manage Flywheel endpoints and evaluate policies offline.",
+        description="Manage Flywheel endpoints, evaluate policies offline and run batch optimizations.",
         epilog="Errors are printed as one line on stderr with exit code 1.",
     )
     _connection_options(parser)
@@ -359,7 +653,82 @@ def build_parser() -> argparse.ArgumentParser:
     ope.add_argument("--json", action="store_true", help="print the result as JSON")
     _connection_options(ope)
     ope.set_defaults(func=cmd_ope)
+    _run_parsers(commands)
     return parser
+
+
+def _run_parsers(commands: Any) -> None:
+    defaults = InitAnswers()
+    init = commands.add_parser(
+        "init",
+        help="write a run config for flywheel optimize, asking a few questions",
+        description="Ask for the API, the parameters to search and the metrics, and write a commented "
+        "run config (the schema of services/optimizer/examples/capitals/optimization.yaml). With "
+        "--non-interactive nothing is asked and the flags below (or their defaults) are used.",
+    )
+    init.add_argument("--output", "-o", default="optimization.yaml", help="file to write (default optimization.yaml)")
+    init.add_argument("--force", action="store_true", help="overwrite the file if it exists")
+    init.add_argument("--non-interactive", action="store_true", help="ask nothing; use the flags")
+    init.add_argument("--example-cases", action="store_true", help="write an example test-case file if missing")
+    answers = init.add_argument_group("answers (with --non-interactive)")
+    answers.add_argument("--name", default=defaults.name, help=f"API name (default {defaults.name})")
+    answers.add_argument("--kind", choices=KINDS, default=defaults.kind, help="target kind (default llm)")
+    answers.add_argument("--model", default=defaults.model, help=f"LiteLLM model (default {defaults.model})")
+    answers.add_argument("--api-base", default=defaults.api_base, help=f"API base URL (default {defaults.api_base})")
+    answers.add_argument("--endpoint", help="URL of an http target")
+    answers.add_argument("--callable", help="package.module:function of a python target")
+    answers.add_argument(
+        "--temperature", type=_range, default=defaults.temperature, metavar="MIN,MAX", help="default 0.0,1.0"
+    )
+    answers.add_argument("--system-prompt", action="append", metavar="TEXT", help="a prompt to try (repeat)")
+    answers.add_argument("--test-cases", default=defaults.test_cases, help="test-case file, relative to the config")
+    answers.add_argument(
+        "--metrics", default=",".join(defaults.metrics), help=f"comma-separated, from {', '.join(METRICS)}"
+    )
+    answers.add_argument("--population", type=int, default=defaults.population, help="configs per generation")
+    answers.add_argument("--generations", type=int, default=defaults.generations, help="number of generations")
+    init.set_defaults(func=cmd_init)
+
+    optimize = commands.add_parser(
+        "optimize",
+        help="start an optimization run and follow it to the best config",
+        description="Send the run config (test cases inlined from their file) to the optimizer, show "
+        "progress per generation, then print the best config and where the reports are. Ctrl-C asks "
+        "whether to cancel the run. Exit code 1 if the run fails or is cancelled.",
+    )
+    optimize.add_argument("file", metavar="CONFIG.yaml")
+    optimize.add_argument("--name", help="override api.name of the config")
+    optimize.add_argument("--no-wait", action="store_true", help="print the run id and return")
+    optimize.add_argument("--json", action="store_true", help="print the finished run as JSON (progress on stderr)")
+    optimize.add_argument("--cancel-on-interrupt", action="store_true", help="Ctrl-C cancels the run without asking")
+    _connection_options(optimize)
+    optimize.set_defaults(func=cmd_optimize)
+
+    runs = commands.add_parser("runs", help="list, inspect and download optimization runs")
+    run_commands = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    lst = run_commands.add_parser("list", help="list runs, newest first")
+    lst.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    lst.add_argument("--state", choices=sorted(STATE_FROM_NAME), help="only runs in this state")
+    lst.add_argument("--json", action="store_true", help="print the runs as JSON")
+    _connection_options(lst)
+    lst.set_defaults(func=cmd_runs_list)
+    show = run_commands.add_parser("show", help="a run's state, best config and result files")
+    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("--json", action="store_true", help="print the run as JSON")
+    _connection_options(show)
+    show.set_defaults(func=cmd_runs_show)
+    download = run_commands.add_parser("download", help=f"write a run's result files ({', '.join(ARTIFACT_NAMES)})")
+    download.add_argument("run_id", metavar="RUN_ID")
+    download.add_argument("--output", "-o", metavar="DIR", help="folder to write to (default ./RUN_ID)")
+    _connection_options(download)
+    download.set_defaults(func=cmd_runs_download)
+
+
+def _range(text: str) -> tuple[float, float]:
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _one_line(text: str) -> str:
@@ -372,7 +741,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
-        details = _one_line(exc.details() or "")  # type: ignore[attr-defined]
+        raw = (exc.details() or "").strip()  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.INVALID_ARGUMENT and "\n" in raw:
+            # a refused run config: one "field.path: problem" line per error, shown as sent
+            first, *rest = raw.splitlines()
+            print(f"error: {code.name}: {first}", file=sys.stderr)
+            for line in rest:
+                print(line, file=sys.stderr)
+            return 1
+        details = _one_line(raw)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             details = f"optimizer at {getattr(args, 'resolved_target', '?')}: {details}"
         print(f"error: {code.name}: {details}", file=sys.stderr)

@@ -60,6 +60,18 @@ def _progress(row: RunRow) -> runs_pb2.RunProgress:
     )
 
 
+def _whole_numbers(value: Any) -> Any:
+    """A Struct carries every number as a double: give 16.0 back as 16, so an integer parameter
+    or an expected answer of 42 reaches the search and the evaluator as the user wrote it."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
 class RunServicer(pb_grpc.RunServiceServicer):
     def __init__(
         self, sessions: async_sessionmaker[AsyncSession], objects: ObjectStore, *, watch_interval_s: float = 0.5
@@ -69,7 +81,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
         self._watch_interval_s = watch_interval_s
 
     async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext) -> pb.StartRunResponse:
-        config = json_format.MessageToDict(request.config)
+        config = _whole_numbers(json_format.MessageToDict(request.config))
         async with self._sessions() as session:
             row = await service.start_run(session, config=config, name=getattr(request, "name", ""))
         return pb.StartRunResponse(run=run_message(row))
@@ -100,8 +112,8 @@ class RunServicer(pb_grpc.RunServiceServicer):
             if seen != last:
                 last = seen
                 yield pb.WatchRunResponse(progress=_progress(row))
-            # A finished run reports once its files are written (the driver's last step).
-            if row.state != RUNNING and (row.artifacts or row.state == "cancelled"):
+            # The driver writes the result files and leaves RUNNING in one transaction.
+            if row.state != RUNNING:
                 return
             await asyncio.sleep(self._watch_interval_s)
 
