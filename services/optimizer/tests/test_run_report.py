@@ -55,3 +55,19 @@ def test_render_of_a_run_with_no_evaluations_still_writes_every_file():
     files = render(empty)
     assert json.loads(files["best_config.json"])["config"] == {}
     assert "No candidate was evaluated." in files["report.html"].decode()
+
+
+def test_a_candidate_raced_out_early_does_not_outrank_a_fully_scored_one():
+    base = results()
+    # c4 was scored on one case only (racing dropped it), with a lucky 1.0.
+    raced = RunResults(
+        run_id=base.run_id,
+        name=base.name,
+        config=base.config,
+        candidates=[*base.candidates, Candidate("c4", 1, {"model": "tiny", "temperature": 1.0})],
+        evaluations=[*base.evaluations, Evaluation("c4", 1, "case-0", 1.0)],
+    )
+    assert [s.candidate_id for s in summarize(raced)][:2] == ["c2", "c1"]
+    # The run's own pick (the search's posterior) is what best_config.json reports.
+    picked = RunResults(**{**raced.__dict__, "best_candidate_id": "c1"})
+    assert json.loads(render(picked)["best_config.json"])["candidate_id"] == "c1"

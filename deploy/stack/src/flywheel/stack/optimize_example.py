@@ -26,7 +26,7 @@ import yaml
 from flywheel.stack.servers import ModelServer
 from flywheel.stack.stack import Stack
 
-EXAMPLE = Path(__file__).resolve().parents[4] / "services" / "optimizer" / "examples" / "capitals"
+EXAMPLE = Path(__file__).resolve().parents[5] / "services" / "optimizer" / "examples" / "capitals"
 KEY_VAR = "FLYWHEEL_EXAMPLE_MODEL_KEY"  # the evaluator reads the model server's key from here
 
 

@@ -177,7 +177,7 @@ class RunDriver:
                 )
                 requests += [template.build(cid, cfg, case) for cid, cfg, case in new]
             best = search.best()
-            row.search_state = {"search": search.to_state(), "last_seq": last_seq}
+            row.search_state = {"search": search.to_state(), "last_seq": last_seq, "best": best}
             row.generation = search.generation
             row.evaluations_done = search.evaluations
             if best is not None:
@@ -347,4 +347,5 @@ async def _results(session: AsyncSession, row: RunRow, *, state: str) -> report.
         ],
         state=state,
         stopped_because=row.stopped_because,
+        best_candidate_id=((row.search_state or {}).get("best") or {}).get("candidate_id", ""),
     )

@@ -65,6 +65,9 @@ class RunResults:
     evaluations: list[Evaluation]
     state: str = "succeeded"
     stopped_because: str = ""
+    # The search's pick (its posterior, fully evaluated candidates first); "" lets the
+    # ranking below decide.
+    best_candidate_id: str = ""
 
 
 def summarize(results: RunResults) -> list[CandidateSummary]:
@@ -94,8 +97,10 @@ def summarize(results: RunResults) -> list[CandidateSummary]:
         )
     for s in out:
         s.pareto = not any(_dominates(o, s) for o in out if o is not s)
-    # Best first; among equal means, the one measured on more cases.
-    out.sort(key=lambda s: (-s.mean_score, -s.cases, s.candidate_id))
+    # Candidates scored on every test case first (racing stops the others early, and a mean
+    # over a few cases is optimistic), then by mean score.
+    full = max((s.cases for s in out), default=0)
+    out.sort(key=lambda s: (s.cases < full, -s.mean_score, -s.cases, s.candidate_id))
     return out
 
 
@@ -121,7 +126,11 @@ def best_so_far(results: RunResults) -> list[tuple[int, float]]:
 def render(results: RunResults) -> dict[str, bytes]:
     """The four files, by name."""
     summaries = summarize(results)
-    best = summaries[0] if summaries else None
+    best = next((s for s in summaries if s.candidate_id == results.best_candidate_id), None) or (
+        summaries[0] if summaries else None
+    )
+    if best is not None and summaries and summaries[0] is not best:
+        summaries = [best, *(s for s in summaries if s is not best)]
     best_config = {
         "run_id": results.run_id,
         "config": best.config if best else {},
