@@ -10,8 +10,9 @@ score is its mean over the 24 cases. The target is 95% of the best true score.
 
 Protocols (every method pays one unit per (config, test case) evaluation):
 
-- flywheel: ``Search`` with racing (min 3 cases, growth x2, confidence 0.9), population 12,
-  elite 2, surrogate on; 8 evaluations in flight at a time (``next_evaluations(8)``). Its
+- flywheel: ``Search`` with racing (min 3 cases, growth x2, confidence 0.8), population 12,
+  elite 2, surrogate on (a quarter of its pool fresh configs: ``surrogate_explore`` 0.25); 8
+  evaluations in flight at a time (``next_evaluations(8)``). Its
   recommendation is ``best()``: the best candidate scored on every case.
 - flywheel_no_racing: the same search, every candidate scored on all 24 cases.
 - optuna_tpe: ``TPESampler(multivariate=True)``; each trial evaluates its config on all 24
@@ -57,7 +58,8 @@ FLYWHEEL = {
     "elite_size": 2,
     "racing_min_cases": 3,
     "racing_growth": 2.0,
-    "racing_confidence": 0.9,
+    "racing_confidence": 0.8,
+    "surrogate_explore": 0.25,
 }
 
 

@@ -43,7 +43,7 @@ def test_the_shipped_example_loads_with_its_test_cases():
     assert config.evaluation.metrics["latency_ms"].type == "latency"
     assert config.evaluation.metrics["latency_ms"].direction == "lower_is_better"
     settings = config.optimization.search_settings()
-    assert (settings.population_size, settings.elite_size, settings.patience) == (6, 1, 2)
+    assert (settings.population_size, settings.elite_size, settings.patience) == (5, 1, 2)
 
 
 def test_convergence_yaml_reference_form_is_accepted():

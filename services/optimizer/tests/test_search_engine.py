@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -156,3 +157,53 @@ def test_search_finds_the_optimum_of_a_smooth_function():
         for cid, config, case in s.next_evaluations(10):
             s.record(cid, case, -sum((config[f"x{i}"] - 1.0) ** 2 for i in range(4)))
     assert s.best()["score"] > -0.05  # random search with 150 draws gets about -10
+
+
+def test_screen_pool_settings_are_validated():
+    for name in ("surrogate_explore", "surrogate_gaussian"):
+        with pytest.raises(ValueError, match=name):
+            SearchSettings(**{name: 1.5})
+
+
+def test_elite_distribution_proposes_new_configs_on_the_grid_near_the_best():
+    sp = SearchSpace(
+        [
+            Param("prompt", CATEGORICAL, values=("bad", "ok", "good")),
+            Param("x", CONTINUOUS, low=0.0, high=10.0, step=0.5),
+            Param("y", CONTINUOUS, low=0.0, high=10.0, step=0.5),
+        ]
+    )
+    s = Search(sp, ["f"], SearchSettings(population_size=10, generations=1, racing=False, seed=9))
+    while not s.done:
+        for cid, config, case in s.next_evaluations(10):
+            s.record(cid, case, -((config["x"] - 8.0) ** 2) - (config["y"] - 8.0) ** 2)
+    post, idx = s._posterior(), s._index()
+    seen = set(s._by_key)
+    proposals = s._from_elite_distribution(40, post, idx, set(seen))
+    assert len(proposals) >= 30
+    keys = [sp.key(c) for c, _ in proposals]
+    assert len(set(keys)) == len(keys) and not set(keys) & seen  # new and distinct
+    for config, parents in proposals:
+        assert sp.coerce(config) == config  # inside the bounds and on the 0.5 grid
+        assert config["prompt"] == s.candidates[parents[0]].config["prompt"]
+    top = sorted(s.candidates.values(), key=lambda c: -c.scores["f"])[:5]
+    centre = np.mean([[c.config["x"], c.config["y"]] for c in top], axis=0)
+    drawn = np.mean([[c["x"], c["y"]] for c, _ in proposals], axis=0)
+    assert np.linalg.norm(drawn - centre) < 2.5  # centred on the best ones, not on the whole box
+
+
+def test_surrogate_training_set_is_capped_at_the_best_and_the_most_recent():
+    sp = SearchSpace([Param(f"x{i}", CONTINUOUS, low=-5.0, high=5.0) for i in range(3)])
+    settings = SearchSettings(population_size=10, generations=100, max_evaluations=120, racing=False)
+    s = Search(sp, ["f"], replace(settings, surrogate_max_points=40))
+    while not s.done:
+        for cid, config, case in s.next_evaluations(10):
+            s.record(cid, case, -sum(config[f"x{i}"] ** 2 for i in range(3)))
+    rows = s._surrogate_rows()
+    assert len(rows) == 40
+    scored = [c for c in s.candidates.values() if c.scores]  # the last generation is cut by the budget
+    assert len(scored) > 40
+    best = max(scored, key=lambda c: c.scores["f"])
+    newest = scored[-1]
+    ids = {c.id for c in rows}
+    assert best.id in ids and newest.id in ids

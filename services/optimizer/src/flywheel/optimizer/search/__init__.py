@@ -41,8 +41,12 @@ How a generation runs:
    (``mutation_rate``): Gaussian at ``mutation_scale`` (10%) of the range in the unit
    (log where set) coordinate, snapped to ``step``; categorical genes are resampled. With
    ``surrogate`` on, ``surrogate_pool`` times more children are bred (some with finer
-   mutation, a third and a tenth of the scale) and a Gaussian-process surrogate keeps the
-   ones with the highest Thompson draws.
+   mutation, a third and a tenth of the scale), joined by fresh configs from the whole space
+   (``surrogate_explore``: a way out of a collapsed population) and draws from a Gaussian
+   fitted to the best candidates' numeric genes (``surrogate_gaussian``: follows the global
+   trend, as CMA-ES's recombination does); a Gaussian-process surrogate keeps the ones with
+   the highest Thompson draws. It learns from at most ``surrogate_max_points`` candidates
+   (the best half and the most recent), so its cost stays flat as the history grows.
 4. Warm start: ``prior`` results from earlier runs on the same space (see
    ``SearchSpace.fingerprint``) seed part of the first population (``warm_start_fraction``,
    best first) and inform the surrogate.

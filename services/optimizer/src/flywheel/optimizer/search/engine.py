@@ -11,7 +11,7 @@ from scipy import special
 
 from .scores import Posterior, confidently_worse, posterior
 from .settings import SearchSettings
-from .space import SearchSpace
+from .space import CATEGORICAL, SearchSpace
 from .surrogate import fit_surrogate
 
 STATE_VERSION = 1
@@ -411,9 +411,9 @@ class Search:
         self.population = population
         self._version += 1
 
-    def _fresh(self, needed: int) -> list[tuple[dict[str, Any], list[str]]]:
+    def _fresh(self, needed: int, exclude: set[str] | None = None) -> list[tuple[dict[str, Any], list[str]]]:
         out: list[tuple[dict[str, Any], list[str]]] = []
-        seen = set(self._by_key)
+        seen = set(self._by_key) | (exclude or set())
         for _ in range(50 * needed):
             if len(out) >= needed:
                 break
@@ -463,20 +463,72 @@ class Search:
                 seen.add(key)
                 children.append((config, parents))
         if use_surrogate and len(children) > needed:
+            # fresh configs from the whole space compete in the screen: where the surrogate knows
+            # little, their draws are wide, so a population stuck in one basin can leave it
+            children += self._fresh(round(n_children * s.surrogate_explore), exclude=seen)
+            children += self._from_elite_distribution(round(n_children * s.surrogate_gaussian), post, idx, seen)
             children = self._screen(children, needed)
         if len(children) < needed:
             children += self._fresh(needed - len(children))
         return children[:needed]
+
+    def _from_elite_distribution(
+        self, n: int, post: Posterior, idx: dict[str, int], seen: set[str]
+    ) -> list[tuple[dict[str, Any], list[str]]]:
+        """Draws from a Gaussian fitted to the best scored candidates in the unit coordinates of the
+        numeric parameters (an estimation-of-distribution step, as in CMA-ES's recombination): it
+        follows the global trend of the best ones where mutating single parents stays local.
+        Categorical genes come from one of those candidates."""
+        numeric = [p for p in self.space.params if p.kind != CATEGORICAL]
+        scored = sorted((c for c in self.candidates.values() if c.scores), key=lambda c: -post.mean[idx[c.id]])
+        top = scored[: max(self.settings.population_size // 2, 2)]
+        if n <= 0 or not numeric or len(top) < 2:
+            return []
+        u = np.array([[p.to_unit(c.config[p.name]) for p in numeric] for c in top])
+        weights = np.log(len(top) + 0.5) - np.log(np.arange(1, len(top) + 1))
+        weights /= weights.sum()
+        mean = weights @ u
+        cov = (u - mean).T @ np.diag(weights) @ (u - mean) + np.eye(len(numeric)) * 1e-4
+        out: list[tuple[dict[str, Any], list[str]]] = []
+        for _ in range(3 * n):
+            if len(out) >= n:
+                break
+            donor = top[int(self._rng.integers(len(top)))]
+            x = self._rng.multivariate_normal(mean, cov * 2.0)
+            config = dict(donor.config)
+            for p, v in zip(numeric, x, strict=True):
+                config[p.name] = p.from_unit(v)
+            key = self.space.key(config)
+            if key not in seen:
+                seen.add(key)
+                out.append((config, [donor.id]))
+        return out
+
+    def _surrogate_rows(self) -> list[Candidate]:
+        """The scored candidates the surrogate learns from: all of them up to
+        ``surrogate_max_points``, else the best half of that cap plus the most recent (the fit is
+        cubic in the rows; the best and the newest are where the next children come from)."""
+        seen = [c for c in self.candidates.values() if c.scores]
+        cap = self.settings.surrogate_max_points
+        if len(seen) <= cap:
+            return seen
+        post, idx = self._posterior(), self._index()
+        best = sorted(seen, key=lambda c: -post.mean[idx[c.id]])[: cap // 2]
+        keep = {c.id for c in best}
+        recent = [c for c in reversed(seen) if c.id not in keep][: cap - len(best)]
+        keep |= {c.id for c in recent}
+        return [c for c in seen if c.id in keep]
 
     def _screen(
         self, children: list[tuple[dict[str, Any], list[str]]], needed: int
     ) -> list[tuple[dict[str, Any], list[str]]]:
         """Keep the ``needed`` children with the highest Thompson draws from the surrogate."""
         post, idx = self._posterior(), self._index()
-        seen = [c for c in self.candidates.values() if c.scores]
-        configs = [c.config for c in seen] + [p["config"] for p in self.prior]
-        y = np.array([post.mean[idx[c.id]] for c in seen] + [p["score"] for p in self.prior])
-        noise = np.array([post.var[idx[c.id]] for c in seen] + [float(np.var(y)) * 0.25] * len(self.prior))
+        seen = self._surrogate_rows()
+        prior = sorted(self.prior, key=lambda p: -p["score"])[: self.settings.surrogate_max_points // 2]
+        configs = [c.config for c in seen] + [p["config"] for p in prior]
+        y = np.array([post.mean[idx[c.id]] for c in seen] + [p["score"] for p in prior])
+        noise = np.array([post.var[idx[c.id]] for c in seen] + [float(np.var(y)) * 0.25] * len(prior))
         if len(y) < 4:
             return children[:needed]
         # rank-warped targets: robust to the heavy tails of raw objective values

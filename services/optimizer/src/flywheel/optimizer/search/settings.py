@@ -34,6 +34,9 @@ class SearchSettings:
     max_evaluations: int | None = None
     surrogate: bool = True
     surrogate_pool: int = 20
+    surrogate_explore: float = 0.0
+    surrogate_max_points: int = 150
+    surrogate_gaussian: float = 0.5
     warm_start_fraction: float = 0.5
     algorithm: str = "mab_evolution"
     seed: int = 0
@@ -46,7 +49,8 @@ class SearchSettings:
             problems.append("generations must be at least 1")
         if not 0 <= self.elite_size < self.population_size:
             problems.append("elite_size must be in [0, population_size)")
-        for name in ("mutation_rate", "crossover_rate", "warm_start_fraction"):
+        unit = ("mutation_rate", "crossover_rate", "warm_start_fraction", "surrogate_explore", "surrogate_gaussian")
+        for name in unit:
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"{name} must be in [0, 1]")
         if not 0 < self.mutation_scale <= 1:
@@ -55,6 +59,8 @@ class SearchSettings:
             problems.append("racing needs min_cases >= 1 and growth > 1")
         if not 0.5 < self.racing_confidence < 1:
             problems.append("racing_confidence must be in (0.5, 1)")
+        if self.surrogate_max_points < 4:
+            problems.append("surrogate_max_points must be at least 4")
         if self.algorithm not in ALGORITHMS:
             problems.append(f"algorithm must be one of {list(ALGORITHMS)}")
         if self.max_evaluations is not None and self.max_evaluations < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import linalg
 
 LENGTHSCALES = (0.08, 0.15, 0.3, 0.6, 1.2, 2.4)
 
@@ -35,22 +36,22 @@ class Surrogate:
         for ell in LENGTHSCALES:
             k = _matern52(x, x, ell) + np.diag(nz)
             try:
-                chol = np.linalg.cholesky(k)
-            except np.linalg.LinAlgError:
+                chol = linalg.cholesky(k, lower=True)
+            except linalg.LinAlgError:
                 continue
-            alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, z))
+            alpha = linalg.cho_solve((chol, True), z)
             ll = -0.5 * float(z @ alpha) - float(np.log(np.diag(chol)).sum())
             if best is None or ll > best[0]:
                 best = (ll, ell, chol, alpha)
         if best is None:
-            raise np.linalg.LinAlgError("no lengthscale gave a positive-definite kernel")
+            raise linalg.LinAlgError("no lengthscale gave a positive-definite kernel")
         _, self.ell, self.chol, self.alpha = best
 
     def predict(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and standard deviation of the score at ``xs``."""
         ks = _matern52(xs, self.x, self.ell)
         mean = ks @ self.alpha
-        v = np.linalg.solve(self.chol, ks.T)
+        v = linalg.solve_triangular(self.chol, ks.T, lower=True)
         var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
         return self.mu + self.sd * mean, self.sd * np.sqrt(var)
 
@@ -66,5 +67,5 @@ def fit_surrogate(x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> Surrogate 
         return None
     try:
         return Surrogate(x, y, noise)
-    except np.linalg.LinAlgError:
+    except linalg.LinAlgError:
         return None
