@@ -270,6 +270,7 @@ def _plots(results: RunResults, summaries: list[CandidateSummary]) -> list[tuple
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = []
 
@@ -284,6 +285,7 @@ def _plots(results: RunResults, summaries: list[CandidateSummary]) -> list[tuple
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     ax.plot([g for g, _ in curve], [s for _, s in curve], marker="o")
     ax.set_xlabel("generation")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("best mean score so far")
     emit("Best so far per generation", fig)
 
