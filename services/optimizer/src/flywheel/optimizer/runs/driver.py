@@ -24,7 +24,6 @@ import asyncio
 import json
 from typing import Any
 
-from google.protobuf.struct_pb2 import Struct
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -36,14 +35,14 @@ from flywheel.core.objects import ObjectStore
 from flywheel.optimizer.models import RunCandidateRow, RunEvaluationRow, RunRow
 from flywheel.optimizer.runconfig import RunConfig, parse_run_config
 from flywheel.optimizer.runs import report
-from flywheel.optimizer.runs.requests import RequestTemplate, request_id
+from flywheel.optimizer.runs.requests import RequestTemplate, request_id, struct_of
 from flywheel.optimizer.search import Search
 
 log = get_logger(__name__)
 
 RUNNING, SUCCEEDED, FAILED, CANCELLED = "running", "succeeded", "failed", "cancelled"
 ARTIFACTS = ("best_config.json", "detailed_results.json", "report.md", "report.html")
-_CONTENT_TYPES = {".json": "application/json", ".md": "text/markdown", ".html": "text/html"}
+CONTENT_TYPES = {".json": "application/json", ".md": "text/markdown", ".html": "text/html"}
 BUCKET = "runs"
 
 _INSERT_CANDIDATE = text(
@@ -188,7 +187,7 @@ class RunDriver:
             if finished:
                 row.stopped_because = search.done_reason
             moved = (search.generation, search.evaluations) != before
-            progress = _progress(row, RUNNING)
+            progress = progress_message(row)
         if requests:
             await self._publisher.publish_many(
                 [(self._catalogue.evaluation_request(run_id), r, r.request_id) for r in requests]
@@ -209,9 +208,8 @@ class RunDriver:
         await self._objects.ensure_bucket(BUCKET)
         artifacts = {}
         for name in ARTIFACTS:
-            suffix = name[name.rfind(".") :]
             artifacts[name] = await self._objects.put_bytes(
-                BUCKET, f"{run_id}/{name}", files[name], content_type=_CONTENT_TYPES[suffix]
+                BUCKET, f"{run_id}/{name}", files[name], content_type=content_type(name)
             )
         async with self._sessions() as session, session.begin():
             row = await session.get(RunRow, run_id, with_for_update=True)
@@ -222,7 +220,7 @@ class RunDriver:
                 row.state = state
                 row.error = error
             row.updated_at = func.now()
-            progress = _progress(row, row.state)
+            progress = progress_message(row)
         self._templates.pop(run_id, None)
         self._owned.discard(run_id)
         log.info("run finished", run_id=run_id, state=progress.state, best_score=progress.best_score)
@@ -301,21 +299,22 @@ STATES = {
 }
 
 
-def _progress(row: RunRow, state: str) -> runs_pb2.RunProgress:
-    out = runs_pb2.RunProgress(
+def content_type(artifact: str) -> str:
+    return CONTENT_TYPES[artifact[artifact.rfind(".") :]]
+
+
+def progress_message(row: RunRow) -> runs_pb2.RunProgress:
+    """The run's progress as published on the bus and streamed by WatchRun."""
+    return runs_pb2.RunProgress(
         run_id=row.run_id,
-        state=STATES[state],
+        state=STATES[row.state],
         generation=row.generation,
         generations_total=row.generations_total,
         evaluations_done=row.evaluations_done,
         evaluations_total=row.evaluations_budget,
         best_score=row.best_score or 0.0,
+        best_config=struct_of(row.best_config),
     )
-    if row.best_config:
-        s = Struct()
-        s.update(row.best_config)
-        out.best_config.CopyFrom(s)
-    return out
 
 
 async def _results(session: AsyncSession, row: RunRow, *, state: str) -> report.RunResults:

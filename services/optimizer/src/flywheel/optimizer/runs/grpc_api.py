@@ -8,7 +8,6 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.optimizer.v1 import run_service_pb2 as pb
@@ -18,46 +17,26 @@ from flywheel.core.errors import InvalidArgument
 from flywheel.core.objects import ObjectStore
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runs import service
-from flywheel.optimizer.runs.driver import ARTIFACTS, BUCKET, RUNNING, STATES
+from flywheel.optimizer.runs.driver import ARTIFACTS, BUCKET, RUNNING, STATES, content_type, progress_message
+from flywheel.optimizer.runs.requests import struct_of
 
 _STATE_NAMES = {v: k for k, v in STATES.items()}
-_CONTENT_TYPES = {"json": "application/json", "md": "text/markdown", "html": "text/html"}
-
-
-def _struct(value: dict[str, Any] | None) -> Struct:
-    out = Struct()
-    if value:
-        out.update(value)
-    return out
 
 
 def run_message(row: RunRow) -> runs_pb2.Run:
     msg = runs_pb2.Run(
         run_id=row.run_id,
         state=STATES[row.state],
-        config=_struct(row.config),
+        config=struct_of(row.config),
         generation=row.generation,
         generations_total=row.generations_total,
         best_score=row.best_score or 0.0,
-        best_config=_struct(row.best_config),
+        best_config=struct_of(row.best_config),
         artifacts=row.artifacts or {},
         error=row.error,
     )
     msg.created_at.FromDatetime(row.created_at)
     return msg
-
-
-def _progress(row: RunRow) -> runs_pb2.RunProgress:
-    return runs_pb2.RunProgress(
-        run_id=row.run_id,
-        state=STATES[row.state],
-        generation=row.generation,
-        generations_total=row.generations_total,
-        evaluations_done=row.evaluations_done,
-        evaluations_total=row.evaluations_budget,
-        best_score=row.best_score or 0.0,
-        best_config=_struct(row.best_config),
-    )
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -111,7 +90,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
             seen = (row.state, row.generation, row.evaluations_done, bool(row.artifacts))
             if seen != last:
                 last = seen
-                yield pb.WatchRunResponse(progress=_progress(row))
+                yield pb.WatchRunResponse(progress=progress_message(row))
             # The driver writes the result files and leaves RUNNING in one transaction.
             if row.state != RUNNING:
                 return
@@ -124,6 +103,4 @@ class RunServicer(pb_grpc.RunServiceServicer):
             row = await service.get_run(session, run_id=request.run_id)
         key = service.artifact_key(row, request.name)
         content = await self._objects.get_bytes(BUCKET, key)
-        return pb.GetRunArtifactResponse(
-            name=request.name, content=content, content_type=_CONTENT_TYPES[request.name.rsplit(".", 1)[1]]
-        )
+        return pb.GetRunArtifactResponse(name=request.name, content=content, content_type=content_type(request.name))

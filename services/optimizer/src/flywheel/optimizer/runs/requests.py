@@ -34,9 +34,11 @@ def request_id(run_id: str, candidate_id: str, test_case_id: str) -> str:
     return f"{run_id}.{digest}"
 
 
-def _struct(value: dict[str, Any]) -> Struct:
+def struct_of(value: dict[str, Any] | None) -> Struct:
+    """A dict as a protobuf Struct (None or empty: an empty Struct)."""
     out = Struct()
-    out.update(value)
+    if value:
+        out.update(value)
     return out
 
 
@@ -109,11 +111,11 @@ class RequestTemplate:
             request_id=rid,
             run_id=self.run_id,
             candidate_id=candidate_id,
-            config=_struct(config),
+            config=struct_of(config),
             test_case=ev.TestCase(
                 test_case_id=test_case_id,
-                input=_struct(_as_mapping(case.input, "prompt")),
-                expected=_struct(_as_mapping(case.expected, "answer")),
+                input=struct_of(_as_mapping(case.input, "prompt")),
+                expected=struct_of(_as_mapping(case.expected, "answer")),
             ),
             target=self.target,
             rubric=self.rubric,
