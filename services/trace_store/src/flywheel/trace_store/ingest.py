@@ -20,14 +20,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from flywheel.api.traces.v1.spans_pb2 import Span, SpanKind, SpanStatus
 from flywheel.trace_store import segments as seg
 from flywheel.trace_store.segments import SegmentStore
-from flywheel.trace_store.spans import RESPONSE_RANK, InvalidSpan, check_links, normalised_reward, to_record
+from flywheel.trace_store.spans import (
+    RESPONSE_RANK,
+    InvalidSpan,
+    check_links,
+    normalised_reward,
+    span_times,
+    to_record,
+)
 
 # A segment is read whole to serve one trace: keep it small enough for that.
 MAX_SEGMENT_SPANS = 2000
@@ -161,59 +168,68 @@ class SpanWriter:
         return [o if o is not None else counts[i] for i, o in enumerate(outcomes)]
 
     async def _check_links(self, conn, batches: Sequence[Sequence[Span]]) -> list[InvalidSpan | None]:  # type: ignore[no-untyped-def]
+        """Each batch was checked alone when validated; what is left are cycles through
+        spans already stored or through an earlier batch of this write (same trace)."""
         ids = [(s.trace_id, s.span_id) for b in batches for s in b]
         traces = [r[0] for r in await conn.fetch(_STORED_CHILDREN, [t for t, _ in ids], [s for _, s in ids])]
-        stored: dict[tuple[str, str], str] = {}
+        known: dict[str, dict[str, str]] = {}
         if traces:
-            stored = {(r[0], r[1]): r[2] for r in await conn.fetch(_TRACE_LINKS, traces)}
+            for trace_id, span_id, parent in await conn.fetch(_TRACE_LINKS, traces):
+                known.setdefault(trace_id, {})[span_id] = parent
         outcomes: list[InvalidSpan | None] = []
         for batch in batches:
-            try:
-                check_links(batch, stored)
-            except InvalidSpan as exc:
-                outcomes.append(exc)
-                continue
+            touched = {s.trace_id for s in batch}
+            if known.keys() & touched:
+                try:
+                    known.update(check_links(batch, known))
+                except InvalidSpan as exc:
+                    outcomes.append(exc)
+                    continue
+            else:
+                for s in batch:
+                    known.setdefault(s.trace_id, {}).setdefault(s.span_id, s.parent_span_id)
             outcomes.append(None)
-            for s in batch:
-                stored.setdefault((s.trace_id, s.span_id), s.parent_span_id)
         return outcomes
 
     async def _store(self, conn, accepted: list[tuple[int, Sequence[Span]]]) -> dict[int, IngestResult]:  # type: ignore[no-untyped-def]
         segments: list[_Segment] = []
-        current: dict[tuple[str, str], _Segment] = {}
+        current: dict[tuple[date, str], _Segment] = {}
         owner: dict[tuple[str, str], tuple[int, Span, _Segment, datetime, datetime]] = {}
-        columns: list[list[object]] = [[] for _ in range(9)]
+        # The nine index columns, appended to directly (this loop runs once per span).
+        trace_ids: list[str] = []
+        span_ids: list[str] = []
+        parents: list[str] = []
+        kinds: list[int] = []
+        agents: list[str] = []
+        starts: list[datetime] = []
+        statuses: list[int] = []
+        segment_keys: list[str] = []
+        lines: list[int] = []
         totals = {i: len(b) for i, b in accepted}
         for i, batch in accepted:
             for span in batch:
                 key = (span.trace_id, span.span_id)
                 if key in owner:  # the same span twice in this write: one row
                     continue
-                start = span.start_time.ToDatetime(tzinfo=UTC)
-                end = span.end_time.ToDatetime(tzinfo=UTC) if span.HasField("end_time") else start
-                day = start.strftime("%Y-%m-%d")
+                start, end = times = span_times(span)
+                day = start.date()
                 segment = current.get((day, span.agent))
                 if segment is None or len(segment.records) >= MAX_SEGMENT_SPANS:
-                    segment = current[(day, span.agent)] = _Segment(seg.segment_key(start, span.agent), span.agent, day)
+                    segment = _Segment(seg.segment_key(start, span.agent), span.agent, day.isoformat())
+                    current[(day, span.agent)] = segment
                     segments.append(segment)
                 owner[key] = (i, span, segment, start, end)
-                for col, value in zip(
-                    columns,
-                    (
-                        span.trace_id,
-                        span.span_id,
-                        span.parent_span_id,
-                        span.kind,
-                        span.agent,
-                        start,
-                        span.status,
-                        segment.key,
-                        len(segment.records),
-                    ),
-                    strict=True,
-                ):
-                    col.append(value)
-                segment.records.append(to_record(span))
+                trace_ids.append(span.trace_id)
+                span_ids.append(span.span_id)
+                parents.append(span.parent_span_id)
+                kinds.append(span.kind)
+                agents.append(span.agent)
+                starts.append(start)
+                statuses.append(span.status)
+                segment_keys.append(segment.key)
+                lines.append(len(segment.records))
+                segment.records.append(to_record(span, times))
+        columns = (trace_ids, span_ids, parents, kinds, agents, starts, statuses, segment_keys, lines)
         new_keys = [(r[0], r[1]) for r in await conn.fetch(_INSERT_SPANS, *columns)] if owner else []
 
         stored = dict.fromkeys(totals, 0)
