@@ -6,7 +6,7 @@ One call writes any number of batches in one transaction:
 2. plan one segment per (day, agent) and insert every span's index row with a
    multi-row ``INSERT .. SELECT FROM unnest(..) ON CONFLICT DO NOTHING RETURNING``, so
    only spans never stored before come back (a redelivered span is counted once);
-3. PUT the segments that hold at least one new span;
+3. PUT the segments meanwhile, and delete again any that holds no new span;
 4. fold the new spans into their ``traces`` rows with SQL increments, register the
    segments, and commit.
 
@@ -229,8 +229,23 @@ class SpanWriter:
                 segment_keys.append(segment.key)
                 lines.append(len(segment.records))
                 segment.records.append(to_record(span, times))
+        if not owner:
+            return {}
         columns = (trace_ids, span_ids, parents, kinds, agents, starts, statuses, segment_keys, lines)
-        new_keys = [(r[0], r[1]) for r in await conn.fetch(_INSERT_SPANS, *columns)] if owner else []
+        # Encode and upload every segment while PostgreSQL inserts the index rows (the
+        # upload and the insert overlap). A segment whose spans all prove to be stored
+        # already (a redelivered batch) is deleted again: no index row names it.
+        insert = asyncio.ensure_future(conn.fetch(_INSERT_SPANS, *columns))
+        await asyncio.sleep(0)  # let the insert encode and send its query before encoding here
+        for s in segments:
+            s.data = seg.encode(s.records)
+        puts = asyncio.gather(*(self._segments.put(s.key, s.data) for s in segments))
+        try:
+            new_keys = [(r[0], r[1]) for r in await insert]
+        finally:
+            # Even if the insert failed: a put left running would outlive the transaction.
+            await asyncio.gather(puts, return_exceptions=True)
+        await puts  # a failed upload fails the write (nothing committed, redelivered later)
 
         stored = dict.fromkeys(totals, 0)
         traces: dict[str, _Trace] = {}
@@ -240,9 +255,7 @@ class SpanWriter:
             segment.new += 1
             traces.setdefault(span.trace_id, _Trace(agent=span.agent)).add(span, start, end)
         written = [s for s in segments if s.new]
-        for s in written:
-            s.data = seg.encode(s.records)
-        await asyncio.gather(*(self._segments.put(s.key, s.data) for s in written))
+        await asyncio.gather(*(self._segments.delete(s.key) for s in segments if not s.new))
         if written:
             await conn.execute(
                 _INSERT_SEGMENTS,
