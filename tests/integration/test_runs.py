@@ -134,6 +134,20 @@ async def test_bad_run_configs_get_invalid_argument_naming_the_field(launch):
             await stub.GetRun(pb.GetRunRequest(run_id="run-nope"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
+        # Test-case augmentation: bad settings are named; good ones give the run its variants.
+        augmented = run_config()
+        augmented["evaluation"]["test_cases"]["augmentation"] = {"enabled": True, "mutation_rate": 2}
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.StartRun(pb.StartRunRequest(config=struct(augmented)))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "evaluation.test_cases.augmentation.mutation_rate" in err.value.details()
+        augmented["evaluation"]["test_cases"]["augmentation"] = {"enabled": True, "augmentation_factor": 1}
+        run = (await stub.StartRun(pb.StartRunRequest(config=struct(augmented)))).run
+        await stub.CancelRun(pb.CancelRunRequest(run_id=run.run_id))
+        progress = await finished(stub, run.run_id, timeout_s=30)
+        # The budget: population 4 x 3 generations x (6 cases + 6 variants).
+        assert progress[-1].evaluations_total == 4 * 3 * 12
+
 
 async def test_kill_9_of_an_evaluator_and_of_the_optimizer_mid_run(launch, isolation):
     """Every (candidate, test case) the search asked for is evaluated once: none lost with the

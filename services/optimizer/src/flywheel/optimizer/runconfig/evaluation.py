@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .augmentation import AugmentationConfig, augment
+
 METRIC_TYPES = ("llm_judge", "exact_match", "similarity", "latency", "cost", "custom")
 DIRECTIONS = ("higher_is_better", "lower_is_better")
 
@@ -82,7 +84,7 @@ class TestCasesConfig(BaseModel):
 
     path: str | None = None
     inline: list[TestCase] | None = None
-    augmentation: dict[str, Any] = Field(default_factory=dict)
+    augmentation: AugmentationConfig = Field(default_factory=AugmentationConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -145,7 +147,8 @@ class EvaluationConfig(BaseModel):
 
 def load_test_cases(config: TestCasesConfig, base_dir: Path) -> list[TestCase]:
     """The test cases, from inline or a JSON list / {"test_cases": [...]} / JSONL file; ids
-    default to ``case-<n>`` and must be unique."""
+    default to ``case-<n>`` and must be unique. With ``augmentation.enabled`` the variants
+    follow (see :mod:`.augmentation`)."""
     if config.inline is not None:
         raw: list[Any] = [c.model_dump() for c in config.inline]
     else:
@@ -169,4 +172,6 @@ def load_test_cases(config: TestCasesConfig, base_dir: Path) -> list[TestCase]:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ValueError(f"evaluation.test_cases: duplicate ids {dupes}")
+    if config.augmentation.enabled:
+        cases = [TestCase.model_validate(c) for c in augment([c.model_dump() for c in cases], config.augmentation)]
     return cases
