@@ -35,19 +35,29 @@ How a generation runs:
    survivors' prefixes grow by ``racing_growth``, until the survivors have every case.
 2. Each candidate's posterior is its case-adjusted mean, shrunk toward the population;
    a candidate scored on every case is known exactly.
-3. The next population keeps ``elite_size`` elites (best-ever, fully scored: cached fitness,
-   not re-evaluated). Offspring come from tournaments (size max(2, population/4)) on fresh
-   Thompson draws, uniform crossover (``crossover_rate``), and per-gene mutation
-   (``mutation_rate``): Gaussian at ``mutation_scale`` (10%) of the range in the unit
-   (log where set) coordinate, snapped to ``step``; categorical genes are resampled. With
-   ``surrogate`` on, ``surrogate_pool`` times more children are bred (some with finer
+3. The next population keeps ``elite_size`` elites (best of the current epoch, fully scored:
+   cached fitness, not re-evaluated). Offspring come from tournaments (size
+   max(2, population/4)) on fresh Thompson draws, uniform crossover (``crossover_rate``), and
+   per-gene mutation (``mutation_rate``): Gaussian at ``mutation_scale`` (10%) of the range in
+   the unit (log where set) coordinate, snapped to ``step``; categorical genes are resampled.
+   With ``surrogate`` on, ``surrogate_pool`` times more children are bred (some with finer
    mutation, a third and a tenth of the scale), joined by fresh configs from the whole space
-   (``surrogate_explore``: a way out of a collapsed population) and draws from a Gaussian
-   fitted to the best candidates' numeric genes (``surrogate_gaussian``: follows the global
-   trend, as CMA-ES's recombination does); a Gaussian-process surrogate keeps the ones with
-   the highest Thompson draws. It learns from at most ``surrogate_max_points`` candidates
-   (the best half and the most recent), so its cost stays flat as the history grows.
-4. Warm start: ``prior`` results from earlier runs on the same space (see
+   (``surrogate_explore``) and draws from a Gaussian fitted to the best candidates' numeric
+   genes (``surrogate_gaussian``: follows the global trend, as CMA-ES's recombination does).
+   A Gaussian process (ARD Matern 5/2 on the unit cube, hyperparameters by maximum marginal
+   likelihood, rank-warped scores, each candidate's racing uncertainty as its own noise) then
+   picks the offspring by batch Thompson sampling: joint posterior draws over the whole pool,
+   one pick per draw. It learns from at most ``surrogate_max_points`` candidates (the best
+   half and the most recent), so its cost stays flat as the history grows.
+4. Trust region (TuRBO-style; on by default when at least half of the parameters are
+   continuous, see ``SearchSettings.trust_region``): the pool's numeric genes are clipped into
+   a box around the epoch's best candidate, stretched per parameter by the GP's lengthscales,
+   and joined by perturbations of that candidate inside the box. Generations that improve on
+   the epoch's best in a row double the box; generations without a gain halve it; once it is
+   smaller than ``trust_region_min`` the epoch ends and a fresh population starts a new one
+   (the old results stay in ``best()`` and in the GP's data, but no longer breed). This keeps
+   the population from collapsing onto one basin for good.
+5. Warm start: ``prior`` results from earlier runs on the same space (see
    ``SearchSpace.fingerprint``) seed part of the first population (``warm_start_fraction``,
    best first) and inform the surrogate.
 """

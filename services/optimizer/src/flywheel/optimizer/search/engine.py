@@ -11,8 +11,8 @@ from scipy import special
 
 from .scores import Posterior, confidently_worse, posterior
 from .settings import SearchSettings
-from .space import CATEGORICAL, SearchSpace
-from .surrogate import fit_surrogate
+from .space import CATEGORICAL, CONTINUOUS, SearchSpace
+from .surrogate import Surrogate, fit_surrogate, single_threaded
 
 STATE_VERSION = 1
 FINE_SCALES = (1.0, 1.0 / 3.0, 0.1)  # the surrogate's pool also holds finer mutants to refine with
@@ -24,7 +24,7 @@ class Candidate:
     id: str
     config: dict[str, Any]
     key: str
-    origin: str  # initial | warm_start | offspring | injected
+    origin: str  # initial | warm_start | offspring | injected | restart
     generation: int
     parents: list[str] = field(default_factory=list)
     scores: dict[str, float] = field(default_factory=dict)
@@ -71,6 +71,14 @@ class Search:
         self.evaluations = 0
         self.best_score: float | None = None
         self.stale = 0
+        # A restart opens a new epoch: breeding then draws only on candidates added since.
+        self.epoch_start = 0
+        self.epoch_best: float | None = None
+        self.epoch_stale = 0
+        self.restarts = 0
+        self.tr_length = self.settings.trust_region_init
+        self.tr_success = 0
+        self.tr_failure = 0
         self.done = False
         self.done_reason = ""
         self.prior = self._valid_prior(prior or [])
@@ -214,6 +222,13 @@ class Search:
             "evaluations": self.evaluations,
             "best_score": self.best_score,
             "stale": self.stale,
+            "epoch": {
+                "start": self.epoch_start,
+                "best": self.epoch_best,
+                "stale": self.epoch_stale,
+                "restarts": self.restarts,
+                "trust_region": [self.tr_length, self.tr_success, self.tr_failure],
+            },
             "done": self.done,
             "done_reason": self.done_reason,
             "prior": self.prior,
@@ -237,6 +252,13 @@ class Search:
         self.evaluations = state["evaluations"]
         self.best_score = state["best_score"]
         self.stale = state["stale"]
+        epoch = state.get("epoch", {})  # states saved before restarts existed have one epoch
+        self.epoch_start = epoch.get("start", 0)
+        self.epoch_best = epoch.get("best")
+        self.epoch_stale = epoch.get("stale", 0)
+        self.restarts = epoch.get("restarts", 0)
+        tr = epoch.get("trust_region", [self.settings.trust_region_init, 0, 0])
+        self.tr_length, self.tr_success, self.tr_failure = float(tr[0]), int(tr[1]), int(tr[2])
         self.done = state["done"]
         self.done_reason = state["done_reason"]
         self.prior = list(state["prior"])
@@ -367,6 +389,7 @@ class Search:
             self.best_score, self.stale = score, 0
         else:
             self.stale += 1
+        self._track_epoch()
         self.generations.append(
             {
                 "generation": self.generation,
@@ -387,12 +410,76 @@ class Search:
         else:
             self._breed()
 
+    def _epoch_candidates(self) -> list[Candidate]:
+        return list(self.candidates.values())[self.epoch_start :]
+
+    def _track_epoch(self) -> None:
+        """The current epoch's best fully scored mean, and generations without a gain on it."""
+        post, idx = self._posterior(), self._index()
+        n_cases = len(self.case_order)
+        means = [post.mean[idx[c.id]] for c in self._epoch_candidates() if len(c.scores) == n_cases]
+        best = max(means) if means else None
+        first = self.epoch_best is None
+        if best is not None and (first or best > self.epoch_best + self.settings.min_improvement):
+            self.epoch_best, self.epoch_stale = best, 0
+            gained = not first  # an epoch's first design is not a step of the trust region
+        else:
+            self.epoch_stale += 1
+            gained = False
+        if self._trust_region_on() and not first:
+            self._update_trust_region(gained)
+
+    def _trust_region_on(self) -> bool:
+        s = self.settings
+        if s.algorithm != "mab_evolution" or not s.surrogate:
+            return False
+        if s.trust_region is not None:
+            return s.trust_region
+        continuous = sum(p.kind == CONTINUOUS for p in self.space.params)
+        return 2 * continuous >= len(self.space.params)
+
+    def _update_trust_region(self, gained: bool) -> None:
+        """TuRBO's rule: a run of gains doubles the side, a run of misses halves it."""
+        s = self.settings
+        batch = max(1, s.population_size - s.elite_size)
+        numeric = sum(p.kind != CATEGORICAL for p in self.space.params)
+        failure = s.trust_region_failure or math.ceil(max(4, numeric) / batch)
+        if gained:
+            self.tr_success, self.tr_failure = self.tr_success + 1, 0
+        else:
+            self.tr_success, self.tr_failure = 0, self.tr_failure + 1
+        if self.tr_success >= s.trust_region_success:
+            self.tr_length, self.tr_success = min(2.0 * self.tr_length, s.trust_region_max), 0
+        elif self.tr_failure >= failure:
+            self.tr_length, self.tr_failure = self.tr_length / 2.0, 0
+
+    def _restart(self) -> None:
+        """Re-seed the population from fresh configs: the old basin stays known (best(), the
+        surrogate's data) but no longer breeds."""
+        self.epoch_start = len(self.candidates)
+        self.epoch_best, self.epoch_stale = None, 0
+        self.restarts += 1
+        self.tr_length, self.tr_success, self.tr_failure = self.settings.trust_region_init, 0, 0
+        population: list[str] = []
+        for config, _ in self._fresh(self.settings.population_size):
+            cid = self._add(config, "restart", [])
+            if cid not in population:
+                population.append(cid)
+        for cid in population:
+            self.candidates[cid].target = self._first_target()
+        self.population = population
+        self._version += 1
+
     def _breed(self) -> None:
         """The next population: elites (cached fitness, not re-evaluated) plus offspring."""
         s = self.settings
+        collapsed = self._trust_region_on() and self.tr_length < s.trust_region_min
+        if collapsed or (s.restart_after is not None and self.epoch_stale >= s.restart_after):
+            self._restart()
+            return
         post, idx = self._posterior(), self._index()
         n_cases = len(self.case_order)
-        full = [c for c in self.candidates.values() if len(c.scores) == n_cases]
+        full = [c for c in self._epoch_candidates() if len(c.scores) == n_cases]
         elites = sorted(full, key=lambda c: -post.mean[idx[c.id]])[: s.elite_size]
         population = [c.id for c in elites]
         needed = s.population_size - len(population)
@@ -463,11 +550,8 @@ class Search:
                 seen.add(key)
                 children.append((config, parents))
         if use_surrogate and len(children) > needed:
-            # fresh configs from the whole space compete in the screen: where the surrogate knows
-            # little, their draws are wide, so a population stuck in one basin can leave it
-            children += self._fresh(round(n_children * s.surrogate_explore), exclude=seen)
-            children += self._from_elite_distribution(round(n_children * s.surrogate_gaussian), post, idx, seen)
-            children = self._screen(children, needed)
+            with single_threaded():
+                children = self._screen(children, needed, n_children, seen, post, idx)
         if len(children) < needed:
             children += self._fresh(needed - len(children))
         return children[:needed]
@@ -480,7 +564,7 @@ class Search:
         follows the global trend of the best ones where mutating single parents stays local.
         Categorical genes come from one of those candidates."""
         numeric = [p for p in self.space.params if p.kind != CATEGORICAL]
-        scored = sorted((c for c in self.candidates.values() if c.scores), key=lambda c: -post.mean[idx[c.id]])
+        scored = sorted((c for c in self._epoch_candidates() if c.scores), key=lambda c: -post.mean[idx[c.id]])
         top = scored[: max(self.settings.population_size // 2, 2)]
         if n <= 0 or not numeric or len(top) < 2:
             return []
@@ -520,9 +604,33 @@ class Search:
         return [c for c in seen if c.id in keep]
 
     def _screen(
-        self, children: list[tuple[dict[str, Any], list[str]]], needed: int
+        self,
+        children: list[tuple[dict[str, Any], list[str]]],
+        needed: int,
+        n_children: int,
+        seen: set[str],
+        post: Posterior,
+        idx: dict[str, int],
     ) -> list[tuple[dict[str, Any], list[str]]]:
-        """Keep the ``needed`` children with the highest Thompson draws from the surrogate."""
+        """The ``needed`` children picked by batch Thompson sampling from the surrogate, out of the
+        bred ones plus fresh configs, elite-distribution draws and (with the trust region on) its
+        perturbations; every numeric gene clipped into the trust region."""
+        s = self.settings
+        model = self._fit_model()
+        if model is None:
+            return children[:needed]
+        # fresh configs from the whole space compete in the screen: where the surrogate knows
+        # little, their draws are wide, so a population stuck in one basin can leave it
+        children += self._fresh(round(n_children * s.surrogate_explore), exclude=seen)
+        children += self._from_elite_distribution(round(n_children * s.surrogate_gaussian), post, idx, seen)
+        if self._trust_region_on():
+            children = self._into_trust_region(children, model, n_children, post, idx)
+        picks = model.batch_thompson(self.space.encode([c for c, _ in children]), needed, self._rng)
+        return [children[i] for i in picks]
+
+    def _fit_model(self) -> Surrogate | None:
+        """The GP surrogate on the scored candidates (and the warm-start prior), on rank-warped
+        scores: robust to the heavy tails of raw objective values. None with too little data."""
         post, idx = self._posterior(), self._index()
         seen = self._surrogate_rows()
         prior = sorted(self.prior, key=lambda p: -p["score"])[: self.settings.surrogate_max_points // 2]
@@ -530,15 +638,62 @@ class Search:
         y = np.array([post.mean[idx[c.id]] for c in seen] + [p["score"] for p in prior])
         noise = np.array([post.var[idx[c.id]] for c in seen] + [float(np.var(y)) * 0.25] * len(prior))
         if len(y) < 4:
-            return children[:needed]
-        # rank-warped targets: robust to the heavy tails of raw objective values
+            return None
         ranks = np.empty(len(y))
         ranks[np.argsort(y, kind="stable")] = np.arange(1, len(y) + 1)
         z = special.ndtri((ranks - 0.5) / len(y))
         scale = float(np.var(y)) or 1.0
-        model = fit_surrogate(self.space.encode(configs), z, noise / scale)
-        if model is None:
-            return children[:needed]
-        draws = model.thompson(self.space.encode([c for c, _ in children]), self._rng)
-        order = np.argsort(-draws)[:needed]
-        return [children[int(i)] for i in order]
+        return fit_surrogate(self.space.encode(configs), z, noise / scale)
+
+    def _into_trust_region(
+        self,
+        children: list[tuple[dict[str, Any], list[str]]],
+        model: Surrogate,
+        n_perturb: int,
+        post: Posterior,
+        idx: dict[str, int],
+    ) -> list[tuple[dict[str, Any], list[str]]]:
+        """Clip the children's numeric genes into the trust region around the epoch's best
+        candidate and add ``n_perturb`` TuRBO perturbations of that candidate (a random subset of
+        its numeric genes redrawn uniformly inside the box). Duplicates are dropped."""
+        scored = [c for c in self._epoch_candidates() if c.scores]
+        if not scored:
+            return children
+        n_cases = len(self.case_order)
+        center = max(scored, key=lambda c: (len(c.scores) == n_cases, post.mean[idx[c.id]]))
+        numeric = [(p, col) for p, col in self.space.columns() if p.kind != CATEGORICAL]
+        if not numeric:
+            return children
+        weights = model.relevance()[[col for _, col in numeric]]
+        weights = weights / math.exp(float(np.log(weights).mean()))
+        u0 = np.array([p.to_unit(center.config[p.name]) for p, _ in numeric])
+        half = weights * self.tr_length / 2.0
+        lo, hi = np.clip(u0 - half, 0.0, 1.0), np.clip(u0 + half, 0.0, 1.0)
+
+        def place(config: dict[str, Any], u: np.ndarray) -> dict[str, Any]:
+            out = dict(config)
+            for (p, _), v in zip(numeric, u, strict=True):
+                out[p.name] = p.from_unit(v)
+            return out
+
+        out: list[tuple[dict[str, Any], list[str]]] = []
+        keys = set(self._by_key)
+        for config, parents in children:
+            u = np.array([p.to_unit(config[p.name]) for p, _ in numeric])
+            config = place(config, np.clip(u, lo, hi))
+            key = self.space.key(config)
+            if key not in keys:
+                keys.add(key)
+                out.append((config, parents))
+        prob = min(1.0, 20.0 / len(numeric))
+        for _ in range(n_perturb):
+            mask = self._rng.random(len(numeric)) < prob
+            if not mask.any():
+                mask[int(self._rng.integers(len(numeric)))] = True
+            u = np.where(mask, lo + (hi - lo) * self._rng.random(len(numeric)), u0)
+            config = place(center.config, u)
+            key = self.space.key(config)
+            if key not in keys:
+                keys.add(key)
+                out.append((config, [center.id]))
+        return out or children

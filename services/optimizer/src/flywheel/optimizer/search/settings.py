@@ -16,7 +16,20 @@ class SearchSettings:
 
     ``mutation_rate`` is the per-gene probability (one gene always mutates); ``mutation_scale`` the
     Gaussian sigma as a fraction of each numeric range. ``min_improvement`` is absolute, in score
-    units. ``max_evaluations`` caps test-case evaluations (None: no cap)."""
+    units. ``max_evaluations`` caps test-case evaluations (None: no cap). ``restart_after``: after
+    that many generations without a gain in the current epoch the population is re-seeded from
+    fresh configs, and breeding uses only candidates of the new epoch (None: never).
+
+    Trust region (TuRBO-style, on the unit coordinates of the numeric parameters): offspring are
+    kept inside a box around the current epoch's best candidate, of side ``trust_region_init``
+    (scaled per parameter by the surrogate's lengthscales). ``trust_region_success`` generations
+    in a row that improve on the epoch's best double the side (up to ``trust_region_max``);
+    ``trust_region_failure`` generations in a row without a gain halve it (None: ceil(max(4,
+    numeric parameters) / new candidates per generation)). Once the side falls below
+    ``trust_region_min`` the epoch ends and the population restarts from fresh configs (a way out
+    of a basin). ``trust_region``: True, False, or None (auto: on when the surrogate is on and at
+    least half of the parameters are continuous; a space of mostly categorical or listed values
+    breeds without it)."""
 
     population_size: int = 20
     generations: int = 10
@@ -37,6 +50,13 @@ class SearchSettings:
     surrogate_explore: float = 0.0
     surrogate_max_points: int = 150
     surrogate_gaussian: float = 0.5
+    restart_after: int | None = None
+    trust_region: bool | None = None
+    trust_region_init: float = 0.8
+    trust_region_min: float = 0.5**7
+    trust_region_max: float = 1.6
+    trust_region_success: int = 3
+    trust_region_failure: int | None = None
     warm_start_fraction: float = 0.5
     algorithm: str = "mab_evolution"
     seed: int = 0
@@ -63,6 +83,12 @@ class SearchSettings:
             problems.append("surrogate_max_points must be at least 4")
         if self.algorithm not in ALGORITHMS:
             problems.append(f"algorithm must be one of {list(ALGORITHMS)}")
+        if self.restart_after is not None and self.restart_after < 1:
+            problems.append("restart_after must be at least 1 (or None: never restart)")
+        if not 0 < self.trust_region_min <= self.trust_region_init <= self.trust_region_max:
+            problems.append("trust region sides need 0 < trust_region_min <= trust_region_init <= trust_region_max")
+        if self.trust_region_success < 1 or (self.trust_region_failure is not None and self.trust_region_failure < 1):
+            problems.append("trust_region_success and trust_region_failure must be at least 1")
         if self.max_evaluations is not None and self.max_evaluations < 1:
             problems.append("max_evaluations must be at least 1")
         if problems:

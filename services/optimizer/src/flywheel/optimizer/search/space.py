@@ -195,6 +195,14 @@ class SearchSpace:
         moved = p.snap(float(value) + direction * step)
         return moved if moved != value else p.snap(float(value) - direction * step)
 
+    def columns(self) -> list[tuple[Param, int]]:
+        """Each parameter with its first column in ``encode``."""
+        out, col = [], 0
+        for p in self.params:
+            out.append((p, col))
+            col += p.width
+        return out
+
     # --- surrogate encoding --------------------------------------------------------------------
 
     def encode(self, configs: list[dict[str, Any]]) -> np.ndarray:
