@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 from google.protobuf import json_format
@@ -26,6 +27,40 @@ def metadata(auth_token: str | None) -> tuple[tuple[str, str], ...]:
 
 def credentials(tls_root_certificates: bytes | None) -> grpc.ChannelCredentials | None:
     return grpc.ssl_channel_credentials(tls_root_certificates) if tls_root_certificates else None
+
+
+class BlockingClient:
+    """The channel, credentials, bearer token and per-call timeout the blocking admin and run
+    clients share; subclasses make their stubs in ``_bind`` and call through ``_call``."""
+
+    def __init__(
+        self,
+        *,
+        target: str,
+        auth_token: str | None = None,
+        tls_root_certificates: bytes | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        creds = credentials(tls_root_certificates)
+        self._channel = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
+        self._metadata = metadata(auth_token)
+        self._timeout = timeout_s
+        self._bind(self._channel)
+
+    def _bind(self, channel: grpc.Channel) -> None:
+        """Make the service stubs on ``channel``."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., Any], request: Any) -> Any:
+        return method(request, timeout=self._timeout, metadata=self._metadata)
 
 
 def select_request(

@@ -39,35 +39,12 @@ from flywheel.sdk.endpoint_file import STATUS_NAMES, ArmFile, EndpointFile, Poli
 __all__ = ["AdminClient", "ApplyConflict", "Plan", "apply_plan", "plan_apply"]
 
 
-class AdminClient:
+class AdminClient(_transport.BlockingClient):
     """Blocking client for EndpointAdminService and OffPolicyService."""
 
-    def __init__(
-        self,
-        *,
-        target: str,
-        auth_token: str | None = None,
-        tls_root_certificates: bytes | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
-        creds = _transport.credentials(tls_root_certificates)
-        self._channel = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
-        self._admin = EndpointAdminServiceStub(self._channel)
-        self._ope = OffPolicyServiceStub(self._channel)
-        self._metadata = _transport.metadata(auth_token)
-        self._timeout = timeout_s
-
-    def __enter__(self) -> AdminClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def _call(self, method: Callable[..., Any], request: Any) -> Any:
-        return method(request, timeout=self._timeout, metadata=self._metadata)
+    def _bind(self, channel: grpc.Channel) -> None:
+        self._admin = EndpointAdminServiceStub(channel)
+        self._ope = OffPolicyServiceStub(channel)
 
     def get(self, name: str) -> pb.Endpoint:
         return self._call(self._admin.GetEndpoint, admin_pb.GetEndpointRequest(name=name)).endpoint

@@ -17,7 +17,7 @@ sends the cases inline.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,34 +142,11 @@ def config_struct(config: dict[str, Any]) -> Struct:
 # ---- the client -----------------------------------------------------------------------
 
 
-class RunsClient:
+class RunsClient(_transport.BlockingClient):
     """Blocking client for RunService. ``timeout_s`` bounds each call except ``watch``."""
 
-    def __init__(
-        self,
-        *,
-        target: str,
-        auth_token: str | None = None,
-        tls_root_certificates: bytes | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
-        creds = _transport.credentials(tls_root_certificates)
-        self._channel = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
-        self._stub = RunServiceStub(self._channel)
-        self._metadata = _transport.metadata(auth_token)
-        self._timeout = timeout_s
-
-    def __enter__(self) -> RunsClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def _call(self, method: Callable[..., Any], request: Any) -> Any:
-        return method(request, timeout=self._timeout, metadata=self._metadata)
+    def _bind(self, channel: grpc.Channel) -> None:
+        self._stub = RunServiceStub(channel)
 
     def start(self, config: dict[str, Any]) -> pb.Run:
         """Start a run of a config dict (``load_run_file``'s result)."""
