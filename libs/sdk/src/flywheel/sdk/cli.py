@@ -359,13 +359,18 @@ def _print_result(run: runs_pb.Run) -> None:
         f"run {run.run_id} {_state(run.state)} after {run.generation}/{run.generations_total} generations: "
         f"best score {run.best_score:.4f}"
     )
+    _print_best_and_results(run)
+    if run.artifacts:
+        print(f"download them with: flywheel runs download {run.run_id}")
+
+
+def _print_best_and_results(run: runs_pb.Run) -> None:
     if run.HasField("best_config"):
         print("best config:")
         print(json.dumps(_plain(json_format.MessageToDict(run.best_config)), indent=2, sort_keys=True))
     if run.artifacts:
         print("results:")
         print("\n".join(_artifact_lines(run)))
-        print(f"download them with: flywheel runs download {run.run_id}")
 
 
 def _confirm(args: argparse.Namespace, question: str, default: bool) -> bool:
@@ -541,12 +546,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"best score   {run.best_score:.4f}" if run.generation else "best score   -")
     if run.error:
         print(f"error        {_one_line(run.error)}")
-    if run.HasField("best_config"):
-        print("best config:")
-        print(json.dumps(_plain(json_format.MessageToDict(run.best_config)), indent=2, sort_keys=True))
-    if run.artifacts:
-        print("results:")
-        print("\n".join(_artifact_lines(run)))
+    _print_best_and_results(run)
     return 0
 
 
