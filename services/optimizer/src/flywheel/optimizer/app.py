@@ -49,7 +49,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     cache = PosteriorCache(database.sessions, refresh_interval_s=settings.refresh_interval_s)
     await cache.refresh()
     decisions = DecisionLog(
-        database.sessions, bus.publisher, bus.catalogue, flush_interval_s=settings.decision_flush_interval_s
+        database.engine, bus.publisher, bus.catalogue, flush_interval_s=settings.decision_flush_interval_s
     )
     selector = Selector(cache, decisions, StickySessions(database.sessions))
     lifecycle = ArmLifecycle(database.sessions, cache, interval_s=settings.lifecycle_interval_s)
@@ -108,7 +108,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
     parts.background += [cache.run, decisions.run, lifecycle.run, driver.run]
     # Closers run in reverse: the decision buffer is flushed before the database closes.
-    parts.closers.append(decisions.flush)
+    parts.closers.append(decisions.close)
 
 
 def main() -> None:
