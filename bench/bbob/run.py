@@ -92,11 +92,17 @@ def f_opt(fid: int, dim: int, inst: int) -> float:
     return float(re.search(r"Fopt \(([^)]+)\)", header).group(1))
 
 
-def run_flywheel(p, seed: int) -> tuple[float, float]:
+def flywheel_settings(seed: int, overrides: dict[str, Any] | None = None) -> SearchSettings:
+    """Flywheel's settings on one problem: the service defaults, the bench's population, no racing."""
+    return SearchSettings(
+        **{**FLYWHEEL, **(overrides or {})}, generations=10_000, max_evaluations=BUDGET, racing=False, seed=seed
+    )
+
+
+def run_flywheel(p, seed: int, overrides: dict[str, Any] | None = None) -> tuple[float, float]:
     lo, hi = p.lower_bounds, p.upper_bounds
     space = SearchSpace([Param(f"x{i}", CONTINUOUS, low=float(lo[i]), high=float(hi[i])) for i in range(p.dimension)])
-    settings = SearchSettings(**FLYWHEEL, generations=10_000, max_evaluations=BUDGET, racing=False, seed=seed)
-    search = Search(space, ["f"], settings)
+    search = Search(space, ["f"], flywheel_settings(seed, overrides))
     best, f_time, t0 = np.inf, 0.0, time.perf_counter()
     while not search.done:
         for cid, config, case in search.next_evaluations(BUDGET):
@@ -129,8 +135,8 @@ def run_optuna(kind: str, p, seed: int) -> tuple[float, float]:
     return study.best_value, time.perf_counter() - t0 - f_time
 
 
-def run_problem(task: tuple[int, int, int, dict[str, Any] | None]) -> dict[str, Any]:
-    fid, dim, inst, cached = task
+def run_problem(task: tuple[int, int, int, dict[str, Any] | None, dict[str, Any]]) -> dict[str, Any]:
+    fid, dim, inst, cached, overrides = task
     out: dict[str, Any] = {"f": fid, "dim": dim, "instance": inst}
     optimum = f_opt(fid, dim, inst)
     for m in METHODS:
@@ -138,7 +144,7 @@ def run_problem(task: tuple[int, int, int, dict[str, Any] | None]) -> dict[str, 
             out[m] = {k: v for k, v in cached[m].items() if k != "normalized_regret"}
             continue
         p = problem(fid, dim, inst)  # fresh: cocoex counts evaluations per problem object
-        best, overhead = run_flywheel(p, inst) if m == "flywheel" else run_optuna(m, p, inst)
+        best, overhead = run_flywheel(p, inst, overrides) if m == "flywheel" else run_optuna(m, p, inst)
         out[m] = {"best": best, "regret": best - optimum, "overhead_ms_per_suggestion": 1000 * overhead / BUDGET}
     base = max(out["random"]["regret"], 1e-12)
     for m in METHODS:
@@ -239,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         help="tuning only: read the peers' results per problem from this JSON file (written on the "
         "first run), so only Flywheel runs; reported runs never use it",
     )
+    parser.add_argument(
+        "--flywheel-settings",
+        type=json.loads,
+        default={},
+        help="tuning only: SearchSettings fields to override, as JSON, e.g. '{\"trust_region_init\": 0.5}'",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         functions, dims, instances = [1, 6, 10, 15, 20], [5], [1]
@@ -255,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     cache: dict[str, Any] = {}
     if args.peers_cache and args.peers_cache.exists():
         cache = json.loads(args.peers_cache.read_text())
-    tasks = [(f, d, i, cache.get(f"{f},{d},{i}")) for d in dims for f in functions for i in instances]
+    overrides = args.flywheel_settings
+    flywheel_settings(0, overrides)  # fail fast on a bad override
+    tasks = [(f, d, i, cache.get(f"{f},{d},{i}"), overrides) for d in dims for f in functions for i in instances]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = []
@@ -297,17 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             "budget": BUDGET,
             "seed": "the instance index seeds every method",
             "flywheel": {
-                **FLYWHEEL,
-                "mutation_rate": 0.2,
-                "mutation_scale": 0.1,
-                "crossover_rate": 0.7,
-                "surrogate": True,
-                "surrogate_gaussian": 0.5,
-                "surrogate_explore": 0.0,
-                "surrogate_max_points": 150,
+                **{k: v for k, v in flywheel_settings(0, overrides).to_json().items() if k != "seed"},
+                "overrides": overrides,
                 "surrogate_model": "ARD Matern-5/2 GP, marginal-likelihood hyperparameters, batch Thompson",
-                "trust_region": "auto (on): init 0.8, min 0.5**7, max 1.6, success 3, failure auto",
-                "racing": False,
             },
             "peers": {
                 "optuna_tpe": "TPESampler(multivariate=True)",
