@@ -20,6 +20,7 @@ from flywheel.api.subjects import Catalogue
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch, SpanKind
+from flywheel.core.bus.connection import ensure_topology
 
 from .helpers import eventually
 
@@ -306,6 +307,40 @@ async def test_decisions_and_feedback_join_and_erasure_removes_segments_and_inde
         deleted = await stub.DeleteTraces(pb.DeleteTracesRequest(trace_id=other[0].trace_id))
         assert (deleted.traces_deleted, deleted.spans_deleted) == (1, 5)
         assert await asyncio.to_thread(list_segments, store.env, isolation["bucket_prefix"]) == []
+
+
+async def test_raw_batches_wait_for_the_store_and_leave_the_bus_once_stored(launch, nats_client, isolation):
+    """TRACES keeps a batch only until the trace store has stored it: published before the
+    store ever ran, it waits; once stored (and after an erasure) no raw copy stays on the bus."""
+    catalogue = Catalogue(isolation["namespace"])
+    js = nats_client.jetstream()
+    stream = catalogue.consumer("trace-store-traces").stream
+    await ensure_topology(js, catalogue)  # what any Flywheel service does on start
+    runs = [agent_trace(f"early question {i}", f"early answer {i}", 0.5, user="u-early") for i in range(3)]
+    for spans in runs:
+        msg = batch(spans)
+        await js.publish(
+            catalogue.traces("helper"), msg.SerializeToString(), headers={"Nats-Msg-Id": msg.meta.event_id}
+        )
+    assert (await js.stream_info(stream)).state.messages == 3  # no store yet: kept, not dropped
+
+    store = launch("trace_store")
+    async with grpc.aio.insecure_channel(store.address) as channel:
+        stub = pb_grpc.TraceStoreServiceStub(channel)
+
+        async def early_traces():
+            return (await stub.QueryTraces(pb.QueryTracesRequest(agent="helper"))).traces
+
+        assert len(await eventually(early_traces, lambda t: len(t) == 3)) == 3
+
+        async def left_on_bus():
+            return (await js.stream_info(stream)).state.messages
+
+        assert await eventually(left_on_bus, lambda n: n == 0) == 0
+        deleted = await stub.DeleteTraces(pb.DeleteTracesRequest(user_id="u-early"))
+        assert deleted.traces_deleted == 3
+        assert len(await early_traces()) == 0
+        assert await left_on_bus() == 0
 
 
 async def test_retention_sweep_expires_an_agents_old_traces_and_keeps_the_rest(launch, isolation):

@@ -4,8 +4,10 @@ protos, so it lives here where products and services both import it).
 Every subject is ``<namespace>.<area>.<event>[.<key>]``; the namespace defaults to
 ``flywheel`` and tests use a fresh one each so they can share one NATS server.
 Retention follows the work: work queues for jobs and evaluation requests (each
-message handed to one worker, removed once acked) and limits for facts that several
-services read (decisions, feedback, traces, progress). docs/bus.md renders this table.
+message handed to one worker, removed once acked), interest for raw span batches (kept
+only until the trace store has stored them, so erasing a user there leaves no copy on
+the bus), and limits for facts that several services read (decisions, feedback,
+progress). docs/bus.md renders this table.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ NAMESPACE = re.compile(r"[a-z][a-z0-9-]{0,31}")
 class Retention(StrEnum):
     LIMITS = "limits"
     WORK_QUEUE = "workqueue"
+    # Kept until every durable consumer of the stream has acked; the consumers are declared
+    # with the stream (`Catalogue.interest_consumers`), so nothing published is dropped for
+    # want of a consumer before its service first starts.
+    INTEREST = "interest"
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,8 @@ class Catalogue:
             StreamSpec(
                 f"{p}_TRACES",
                 (f"{ns}.product.traces.>",),
-                Retention.LIMITS,
-                "Span batches from products and Flywheel's own services.",
+                Retention.INTEREST,
+                "Span batches from products and Flywheel's own services; removed once stored.",
             ),
             StreamSpec(
                 f"{p}_EVALUATIONS",
@@ -241,3 +247,9 @@ class Catalogue:
 
     def consumer(self, durable: str) -> ConsumerSpec:
         return self.consumers[durable]
+
+    def interest_consumers(self) -> list[ConsumerSpec]:
+        """The consumers of interest-retention streams: declared together with the streams,
+        because such a stream drops a message that no consumer is bound to receive."""
+        interest = {name for name, spec in self.streams.items() if spec.retention is Retention.INTEREST}
+        return [c for c in self.consumers.values() if c.stream in interest]

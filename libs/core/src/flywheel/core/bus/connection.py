@@ -56,12 +56,19 @@ async def connect(settings: NatsSettings, *, name: str) -> Client:
     )
 
 
+_RETENTION = {
+    Retention.LIMITS: RetentionPolicy.LIMITS,
+    Retention.WORK_QUEUE: RetentionPolicy.WORK_QUEUE,
+    Retention.INTEREST: RetentionPolicy.INTEREST,
+}
+
+
 def _stream_config(spec: StreamSpec) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
         description=spec.description,
-        retention=RetentionPolicy.WORK_QUEUE if spec.retention is Retention.WORK_QUEUE else RetentionPolicy.LIMITS,
+        retention=_RETENTION[spec.retention],
         storage=StorageType.FILE,
         max_age=spec.max_age.total_seconds(),
         duplicate_window=spec.duplicate_window.total_seconds(),
@@ -97,6 +104,9 @@ async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
 
 
 async def ensure_topology(js: JetStreamContext, catalogue: Catalogue) -> None:
-    """Declare every stream of the catalogue (consumers are declared by their owners)."""
+    """Declare every stream of the catalogue. Consumers are declared by their owners, except
+    those of interest-retention streams, which must exist before anything is published."""
     for spec in catalogue.streams.values():
         await ensure_stream(js, spec)
+    for consumer in catalogue.interest_consumers():
+        await ensure_consumer(js, consumer)
