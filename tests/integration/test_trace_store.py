@@ -10,6 +10,7 @@ import secrets
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import grpc
 import pytest
 from minio import Minio
@@ -133,6 +134,8 @@ async def test_nats_and_grpc_ingest_then_get_and_query(launch, nats_client, isol
         # Filters: text, reward range, paging, agent.
         q = await stub.QueryTraces(pb.QueryTracesRequest(text="ABOUT TEA", min_reward=0.35, max_reward=0.75))
         assert sorted(t.task for t in q.traces) == [f"question {i} about tea" for i in (4, 5)]
+        for wildcard in ("%", "_", "question_1"):  # matched literally, not as LIKE patterns
+            assert len((await stub.QueryTraces(pb.QueryTracesRequest(text=wildcard))).traces) == 0
         pages, token = [], ""
         while True:
             page = await stub.QueryTraces(pb.QueryTracesRequest(page=PageRequest(page_size=4, page_token=token)))
@@ -194,6 +197,27 @@ async def dead_letters(js, catalogue: Catalogue, namespace: str, n: int) -> list
             letters.append(DeadLetter.FromString(msg.data))
             await msg.ack()
     return letters
+
+
+async def test_text_search_is_served_by_the_trigram_index(launch, servers, isolation):
+    """Migration 0003 adds a pg_trgm index on lower(task), and QueryTraces' filter can use it."""
+    launch("trace_store")
+    conn = await asyncpg.connect(servers.postgres.url, server_settings={"search_path": isolation["schema"]})
+    try:
+        index = await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'ix_traces_task_trgm'",
+            isolation["schema"],
+        )
+        assert index is not None and "gin_trgm_ops" in index
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")  # an empty table: make the planner show its options
+            plan = await conn.fetch(
+                "EXPLAIN SELECT trace_id FROM traces t WHERE lower(t.task) LIKE '%' || lower($1) || '%' ESCAPE '\\'",
+                "about tea",
+            )
+        assert "ix_traces_task_trgm" in "\n".join(row[0] for row in plan)
+    finally:
+        await conn.close()
 
 
 async def test_bad_batches_are_dead_lettered_and_the_consumer_keeps_going(launch, nats_client, isolation):

@@ -87,8 +87,10 @@ def _where(f: TraceFilter) -> tuple[list[str], dict[str, Any]]:
         clauses.append(f"{reward} <= :max_reward")
         params["max_reward"] = f.max_reward
     if f.text:
-        clauses.append("strpos(lower(t.task), lower(:text)) > 0")
-        params["text"] = f.text
+        # LIKE on lower(task) is what the trigram index (migration 0003) serves; the text is
+        # matched literally, so its own % and _ are escaped.
+        clauses.append("lower(t.task) LIKE '%' || lower(:text) || '%' ESCAPE '\\'")
+        params["text"] = f.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     if f.status == SpanStatus.SPAN_STATUS_ERROR:
         clauses.append("t.error_count > 0")
     elif f.status == SpanStatus.SPAN_STATUS_OK:
