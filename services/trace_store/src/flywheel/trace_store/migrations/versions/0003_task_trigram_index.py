@@ -38,8 +38,10 @@ def _trigram_schema(bind: sa.Connection) -> str | None:
             bind.exec_driver_sql("CREATE SCHEMA IF NOT EXISTS flywheel_ext")
             bind.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_trgm SCHEMA flywheel_ext")
     except sa.exc.DBAPIError as exc:
-        log.warning("pg_trgm unavailable (%s); QueryTraces text search stays unindexed", exc.orig)
-        return None
+        schema = bind.exec_driver_sql(_EXTENSION_SCHEMA).scalar()  # a concurrent migration may have won
+        if schema is None:
+            log.warning("pg_trgm unavailable (%s); QueryTraces text search stays unindexed", exc.orig)
+        return schema
     return bind.exec_driver_sql(_EXTENSION_SCHEMA).scalar()
 
 
