@@ -100,3 +100,14 @@ async def test_a_hung_server_hits_the_timeout(llm_server):
     with pytest.raises(Exception, match=r"(?i)timed? ?out"):
         await client(llm_server, timeout_s=0.3, max_retries=0).complete([{"role": "user", "content": "hi"}])
     assert time.monotonic() - started < 1.5
+
+
+async def test_load_litellm_imports_off_the_loop_once_and_configured():
+    from flywheel.core import llm
+
+    await llm.load_litellm()
+    assert llm._litellm is not None and llm._litellm.telemetry is False
+    threads = threading.active_count()
+    await llm.load_litellm()  # already loaded: no new thread
+    assert threading.active_count() == threads
+    assert LlmClient(LlmSettings(model="openai/x"))._litellm is llm._litellm

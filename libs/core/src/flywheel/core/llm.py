@@ -1,11 +1,15 @@
 """LLM calls through LiteLLM, with timeouts, retries and cost accounting.
 
 LiteLLM is an optional extra (``flywheel-core[llm]``): only services that call models
-install it. It is imported lazily, after forcing offline mode for its cost map."""
+install it. It is imported lazily, after forcing offline mode for its cost map; the import
+takes seconds, so async services call `load_litellm` first to keep it off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,17 +43,60 @@ class Completion:
     cost_usd: float
 
 
+_import_lock = threading.Lock()
+_litellm: Any = None  # the configured module, once imported
+
+
+def _import_litellm() -> Any:
+    global _litellm
+    with _import_lock:  # one import, configured once, whichever thread gets here first
+        if _litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import litellm  # heavy; only services that call models pay for it
+
+            litellm.telemetry = False
+            litellm.suppress_debug_info = True  # no "Give Feedback" banners in service logs
+            _litellm = litellm
+        return _litellm
+
+
+async def load_litellm() -> None:
+    """Import LiteLLM on a daemon thread and wait for it; `LlmClient` is then instant.
+
+    Not ``asyncio.to_thread``: ``asyncio.run`` joins its default executor's threads on exit,
+    and the import, without a warm .pyc cache, outlasts the 10 s a pod gets to stop."""
+    if _litellm is not None:
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            _import_litellm()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name="litellm-import", daemon=True).start()
+    await done
+
+
 class LlmClient:
     """Chat completions with the service's defaults; every call is bounded in time."""
 
     def __init__(self, settings: LlmSettings) -> None:
         self._settings = settings
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm  # heavy; only services that call models pay for it
-
-        litellm.telemetry = False
-        litellm.suppress_debug_info = True  # no "Give Feedback" banners in service logs
-        self._litellm = litellm
+        self._litellm = _import_litellm()
 
     async def complete(
         self,

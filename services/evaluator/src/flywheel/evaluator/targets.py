@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from flywheel.api.evaluator.v1.events_pb2 import HttpTarget, LlmTarget
-from flywheel.core.llm import LlmClient, LlmSettings
+from flywheel.core.llm import LlmClient, LlmSettings, load_litellm
 from flywheel.evaluator.templating import TemplateError, lookup, render_body, render_text
 
 # Config keys passed to the model as sampling parameters; other keys are prompt settings.
@@ -129,6 +129,7 @@ async def call_llm(target: LlmTarget, ctx: CallContext) -> CallResult:
     """One chat completion through LiteLLM (``config.model`` overrides the target's model)."""
     model = str(ctx.config.get("model") or target.model)
     api_key = _env(target.api_key_env, what="target.llm.api_key_env") if target.api_key_env else None
+    await load_litellm()  # the first call would otherwise import LiteLLM on the event loop
     client = LlmClient(
         LlmSettings(model=model, api_base=target.api_base or None, api_key=api_key, max_retries=0, timeout_s=3600)
     )

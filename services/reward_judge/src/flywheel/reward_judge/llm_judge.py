@@ -5,14 +5,10 @@ backoff when the call fails, times out or the answer is unusable."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
-from flywheel.core.llm import LlmClient, LlmSettings
+from flywheel.core.llm import LlmClient, LlmSettings, load_litellm
 from flywheel.core.logging import get_logger
 from flywheel.reward_judge.errors import JudgeFailed
 from flywheel.reward_judge.metrics import LLM_CALLS
@@ -46,38 +42,6 @@ class GroupScores:
     repaired: bool
 
 
-T = TypeVar("T")
-
-
-def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
-    """``fn()`` on a daemon thread, as a future of the running loop.
-
-    Unlike ``asyncio.to_thread``, a shutdown does not wait for it: ``asyncio.run`` joins its
-    default executor's threads, and importing LiteLLM without a warm .pyc cache takes longer
-    than the 10 s a pod gets to stop."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            result, error = None, exc
-        with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
-            loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name="llm-client-import", daemon=True).start()
-    return future
-
-
 class LlmJudge:
     """Judges a group of responses to one prompt in one call."""
 
@@ -93,16 +57,14 @@ class LlmJudge:
             max_retries=0,
         )
         self._client: LlmClient | None = None
-        self._warming: asyncio.Future[LlmClient] | None = None
         self.calls = 0
 
     async def warm(self) -> None:
-        """Import LiteLLM (seconds) in a daemon thread, once, so neither startup, the event loop
-        nor a shutdown waits on it; concurrent callers share the one import."""
+        """Import LiteLLM (seconds) off the event loop, so neither startup, the loop nor a
+        shutdown waits on it (`load_litellm`)."""
         if self._client is None:
-            if self._warming is None:
-                self._warming = _in_daemon_thread(lambda: LlmClient(self._settings))
-            self._client = await asyncio.shield(self._warming)
+            await load_litellm()
+            self._client = LlmClient(self._settings)
 
     async def score_group(
         self, rubric: Rubric, prompt: str, shown: list[str], *, reference: str = "", relative: bool = False
