@@ -71,7 +71,9 @@ def test_a_flat_objective_collapses_the_trust_region_and_restarts_from_fresh_con
 
 
 def test_offspring_are_clipped_into_the_trust_region_around_the_best():
-    settings = SearchSettings(population_size=8, elite_size=2, generations=3, racing=False, seed=3)
+    settings = SearchSettings(
+        population_size=8, elite_size=2, generations=3, racing=False, seed=3, trust_region_shape="box"
+    )
     s = run(Search(cube(3), ["f"], settings), lambda c: -sum((c[f"x{i}"] - 2.0) ** 2 for i in range(3)))
     s.tr_length = 0.1
     model = s._fit_model()
@@ -84,6 +86,37 @@ def test_offspring_are_clipped_into_the_trust_region_around_the_best():
     for config, _ in out:
         for i in range(3):
             assert abs(config[f"x{i}"] - best[f"x{i}"]) <= half[i] + 1e-9
+
+
+def valley(c):
+    """A narrow valley along the diagonal x0 = x1 of the unit-scaled plane: rotated, ill-conditioned."""
+    u, v = (c["x0"] + 5.0) / 10.0, (c["x1"] + 5.0) / 10.0
+    return -(400.0 * (u - v) ** 2 + (u + v - 1.2) ** 2)
+
+
+def test_the_rotated_trust_region_lies_along_the_valley_the_best_candidates_trace():
+    settings = SearchSettings(population_size=10, elite_size=2, generations=6, racing=False, seed=5)
+    assert settings.trust_region_shape == "rotated"  # the default
+    s = run(Search(cube(2), ["f"], settings), valley)
+    model, post, idx = s._fit_model(), s._posterior(), s._index()
+    numeric = [(p, col) for p, col in s.space.columns()]
+    u0 = np.array([p.to_unit(s.best()["config"][p.name]) for p, _ in numeric])
+    axes = s._trust_region_axes(numeric, model, u0, post, idx)
+    assert abs(np.linalg.det(axes)) == pytest.approx(1.0)  # the side sets the volume, the shape only the aspect
+    lengths = np.linalg.norm(axes, axis=0)
+    long_axis = axes[:, np.argmax(lengths)] / lengths.max()
+    assert abs(long_axis @ np.array([1.0, 1.0]) / np.sqrt(2.0)) > 0.9  # along the diagonal
+    assert lengths.max() > 2.0 * lengths.min()
+
+    # every child is placed inside that rotated box around the best candidate
+    s.tr_length = 0.2
+    far = [({"x0": -5.0, "x1": 5.0}, []), ({"x0": 5.0, "x1": -5.0}, [])]
+    out = s._into_trust_region(far, model, 40, post, idx)
+    assert len(out) >= 30
+    inverse = np.linalg.inv(axes * s.tr_length / 2.0)
+    for config, _ in out:
+        u = np.array([p.to_unit(config[p.name]) for p, _ in numeric])
+        assert np.abs(inverse @ (u - u0)).max() <= 1.0 + 1e-6
 
 
 def test_search_beats_random_search_on_a_seeded_ellipsoid():
@@ -121,3 +154,5 @@ def test_trust_region_settings_are_validated():
         SearchSettings(trust_region_min=0.9, trust_region_init=0.8)
     with pytest.raises(ValueError, match="trust_region_failure"):
         SearchSettings(trust_region_failure=0)
+    with pytest.raises(ValueError, match="trust_region_shape"):
+        SearchSettings(trust_region_shape="sphere")

@@ -453,6 +453,35 @@ class Search:
         elif self.tr_failure >= failure:
             self.tr_length, self.tr_failure = self.tr_length / 2.0, 0
 
+    def _trust_region_axes(
+        self, numeric: list[tuple[Any, int]], model: Surrogate, u0: np.ndarray, post: Posterior, idx: dict[str, int]
+    ) -> np.ndarray:
+        """The trust region's half-axes for a side of 2, as columns, with a volume of 1."""
+        weights = model.relevance()[[col for _, col in numeric]]
+        weights = weights / math.exp(float(np.log(weights).mean()))
+        box = np.diag(weights)
+        d = len(numeric)
+        if self.settings.trust_region_shape != "rotated" or d < 2:
+            return box
+        scored = sorted((c for c in self._epoch_candidates() if c.scores), key=lambda c: -post.mean[idx[c.id]])
+        top = scored[: max(self.settings.population_size // 2, d + 1)]
+        if len(top) < 3:
+            return box
+        u = np.array([[p.to_unit(c.config[p.name]) for p, _ in numeric] for c in top])
+        rank_w = np.log(len(top) + 0.5) - np.log(np.arange(1, len(top) + 1))
+        rank_w /= rank_w.sum()
+        dev = u - u0  # spread around the center, as CMA-ES's rank-mu update measures steps
+        cov = dev.T @ (dev * rank_w[:, None])
+        values, vectors = np.linalg.eigh(cov)
+        if not np.isfinite(values).all() or values.max() <= 0.0:
+            return box
+        # Floor the thin directions (few points span few of them) and blend in the GP's box.
+        values = np.maximum(values, values.max() * 1e-2)
+        shape = (vectors * (values / math.exp(float(np.log(values).mean())))) @ vectors.T
+        values, vectors = np.linalg.eigh(0.5 * shape + 0.5 * box @ box)
+        half = np.sqrt(values / math.exp(float(np.log(values).mean())))
+        return vectors * half  # columns: the principal axes, scaled
+
     def _restart(self) -> None:
         """Re-seed the population from fresh configs: the old basin stays known (best(), the
         surrogate's data) but no longer breeds."""
@@ -664,11 +693,20 @@ class Search:
         numeric = [(p, col) for p, col in self.space.columns() if p.kind != CATEGORICAL]
         if not numeric:
             return children
-        weights = model.relevance()[[col for _, col in numeric]]
-        weights = weights / math.exp(float(np.log(weights).mean()))
         u0 = np.array([p.to_unit(center.config[p.name]) for p, _ in numeric])
-        half = weights * self.tr_length / 2.0
-        lo, hi = np.clip(u0 - half, 0.0, 1.0), np.clip(u0 + half, 0.0, 1.0)
+        # The region is a box in coordinates z: u = u0 + axes @ z, z in [-1, 1]^d. Axis-aligned
+        # with the GP's lengthscales as its aspect ratio, or rotated onto the principal axes of the
+        # epoch's best candidates (a CMA-like shape for rotated, ill-conditioned objectives).
+        axes = self._trust_region_axes(numeric, model, u0, post, idx) * (self.tr_length / 2.0)
+        inverse = np.linalg.inv(axes)
+        z_lo, z_hi = -np.ones(len(numeric)), np.ones(len(numeric))
+        if np.count_nonzero(axes - np.diag(np.diag(axes))) == 0:
+            # an axis-aligned box: perturbations stay inside the unit cube's part of it
+            a = np.diag(axes)
+            z_lo, z_hi = np.maximum(z_lo, -u0 / a), np.minimum(z_hi, (1.0 - u0) / a)
+
+        def into(u: np.ndarray) -> np.ndarray:
+            return np.clip(u0 + axes @ np.clip(inverse @ (u - u0), -1.0, 1.0), 0.0, 1.0)
 
         def place(config: dict[str, Any], u: np.ndarray) -> dict[str, Any]:
             out = dict(config)
@@ -680,7 +718,7 @@ class Search:
         keys = set(self._by_key)
         for config, parents in children:
             u = np.array([p.to_unit(config[p.name]) for p, _ in numeric])
-            config = place(config, np.clip(u, lo, hi))
+            config = place(config, into(u))
             key = self.space.key(config)
             if key not in keys:
                 keys.add(key)
@@ -690,8 +728,8 @@ class Search:
             mask = self._rng.random(len(numeric)) < prob
             if not mask.any():
                 mask[int(self._rng.integers(len(numeric)))] = True
-            u = np.where(mask, lo + (hi - lo) * self._rng.random(len(numeric)), u0)
-            config = place(center.config, u)
+            z = np.where(mask, z_lo + (z_hi - z_lo) * self._rng.random(len(numeric)), 0.0)
+            config = place(center.config, np.clip(u0 + axes @ z, 0.0, 1.0))
             key = self.space.key(config)
             if key not in keys:
                 keys.add(key)
