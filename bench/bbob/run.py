@@ -19,7 +19,8 @@ do on a deterministic function), population 10, elite 2 and otherwise the defaul
 from a Gaussian fitted to the best candidates, ``surrogate_gaussian`` 0.5; an ARD Matern-5/2 GP
 with hyperparameters fitted by marginal likelihood, learning from at most 150 candidates,
 picking each generation by batch Thompson sampling) and the trust region (on by default for an
-all-continuous space: side 0.8 of the unit cube at first, doubled after 3 improving
+all-continuous space, turned onto the principal axes of the epoch's best candidates: side 0.8
+of the unit cube at first, doubled after 3 improving
 generations in a row, halved after each generation without a gain here, restart from fresh
 configs below 0.5**7). The GP, the trust region and their defaults were developed on instances
 11-12 (``--instances 11-12``, the trust region's first measurement on instance 11 alone), never
