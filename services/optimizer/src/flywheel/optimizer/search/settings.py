@@ -11,28 +11,28 @@ ALGORITHMS = ("mab_evolution", "genetic", "mab_only", "random")
 @dataclass(frozen=True)
 class SearchSettings:
     """``algorithm``: ``mab_evolution`` (Thompson-sampled tournaments, surrogate-screened offspring,
-        racing), ``genetic`` (plain GA: tournaments on the mean, no surrogate), ``mab_only`` (fresh random
-        configs each generation, raced by Thompson sampling), ``random``.
+    racing), ``genetic`` (plain GA: tournaments on the mean, no surrogate), ``mab_only`` (fresh random
+    configs each generation, raced by Thompson sampling), ``random``.
 
-        ``mutation_rate`` is the per-gene probability (one gene always mutates); ``mutation_scale`` the
-        Gaussian sigma as a fraction of each numeric range. ``min_improvement`` is absolute, in score
-        units. ``max_evaluations`` caps test-case evaluations (None: no cap). ``restart_after``: after
-        that many generations without a gain in the current epoch the population is re-seeded from
-        fresh configs, and breeding uses only candidates of the new epoch (None: never).
+    ``mutation_rate`` is the per-gene probability (one gene always mutates); ``mutation_scale`` the
+    Gaussian sigma as a fraction of each numeric range. ``min_improvement`` is absolute, in score
+    units. ``max_evaluations`` caps test-case evaluations (None: no cap). ``restart_after``: after
+    that many generations without a gain in the current epoch the population is re-seeded from
+    fresh configs, and breeding uses only candidates of the new epoch (None: never).
 
-        Trust region (TuRBO-style, on the unit coordinates of the numeric parameters): offspring are
-        kept inside a box around the current epoch's best candidate, of side ``trust_region_init``
-        (scaled per parameter by the surrogate's lengthscales). ``trust_region_success`` generations
-        in a row that improve on the epoch's best double the side (up to ``trust_region_max``);
-        ``trust_region_failure`` generations in a row without a gain halve it (None: ceil(max(4,
-        numeric parameters) / new candidates per generation)). Once the side falls below
-        ``trust_region_min`` the epoch ends and the population restarts from fresh configs (a way out
-        of a basin). ``trust_region_shape``: ``rotated`` (default) turns the box onto the principal
-        axes of the epoch's best candidates, blended half and half with the lengthscale box (a
-        CMA-like shape for rotated, ill-conditioned objectives); ``box`` keeps it axis-aligned.
-        ``trust_region``: True, False, or None (auto: on when the surrogate is on and at
-        least half of the parameters are continuous; a space of mostly categorical or listed values
-        breeds without it)."""
+    Trust region (TuRBO-style, on the unit coordinates of the numeric parameters): offspring are
+    kept inside a box around the current epoch's best candidate, of side ``trust_region_init``
+    (scaled per parameter by the surrogate's lengthscales). ``trust_region_success`` generations
+    in a row that improve on the epoch's best double the side (up to ``trust_region_max``);
+    ``trust_region_failure`` generations in a row without a gain halve it (None: ceil(max(4,
+    numeric parameters) / new candidates per generation)). Once the side falls below
+    ``trust_region_min`` the epoch ends and the population restarts from fresh configs (a way out
+    of a basin). ``trust_region_shape``: ``rotated`` (default) turns the box onto the principal
+    axes of the epoch's best candidates, blended half and half with the lengthscale box (a
+    CMA-like shape for rotated, ill-conditioned objectives); ``box`` keeps it axis-aligned.
+    ``trust_region``: True, False, or None (auto: on when the surrogate is on and at
+    least half of the parameters are continuous; a space of mostly categorical or listed values
+    breeds without it)."""
 
     population_size: int = 20
     generations: int = 10
