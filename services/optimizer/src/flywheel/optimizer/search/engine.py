@@ -19,6 +19,17 @@ FINE_SCALES = (1.0, 1.0 / 3.0, 0.1)  # the surrogate's pool also holds finer mut
 FINE_WEIGHTS = (0.5, 0.25, 0.25)
 
 
+def _rank_weights(n: int) -> np.ndarray:
+    """CMA-ES's recombination weights for the n best, best first, summing to 1."""
+    w = np.log(n + 0.5) - np.log(np.arange(1, n + 1))
+    return w / w.sum()
+
+
+def _unit_geomean(x: np.ndarray) -> np.ndarray:
+    """x scaled so that its geometric mean is 1."""
+    return x / math.exp(float(np.log(x).mean()))
+
+
 @dataclass
 class Candidate:
     id: str
@@ -413,6 +424,10 @@ class Search:
     def _epoch_candidates(self) -> list[Candidate]:
         return list(self.candidates.values())[self.epoch_start :]
 
+    def _epoch_ranked(self, post: Posterior, idx: dict[str, int]) -> list[Candidate]:
+        """The current epoch's scored candidates, best posterior mean first."""
+        return sorted((c for c in self._epoch_candidates() if c.scores), key=lambda c: -post.mean[idx[c.id]])
+
     def _track_epoch(self) -> None:
         """The current epoch's best fully scored mean, and generations without a gain on it."""
         post, idx = self._posterior(), self._index()
@@ -457,19 +472,15 @@ class Search:
         self, numeric: list[tuple[Any, int]], model: Surrogate, u0: np.ndarray, post: Posterior, idx: dict[str, int]
     ) -> np.ndarray:
         """The trust region's half-axes for a side of 2, as columns, with a volume of 1."""
-        weights = model.relevance()[[col for _, col in numeric]]
-        weights = weights / math.exp(float(np.log(weights).mean()))
-        box = np.diag(weights)
+        box = np.diag(_unit_geomean(model.relevance()[[col for _, col in numeric]]))
         d = len(numeric)
         if self.settings.trust_region_shape != "rotated" or d < 2:
             return box
-        scored = sorted((c for c in self._epoch_candidates() if c.scores), key=lambda c: -post.mean[idx[c.id]])
-        top = scored[: max(self.settings.population_size // 2, d + 1)]
+        top = self._epoch_ranked(post, idx)[: max(self.settings.population_size // 2, d + 1)]
         if len(top) < 3:
             return box
         u = np.array([[p.to_unit(c.config[p.name]) for p, _ in numeric] for c in top])
-        rank_w = np.log(len(top) + 0.5) - np.log(np.arange(1, len(top) + 1))
-        rank_w /= rank_w.sum()
+        rank_w = _rank_weights(len(top))
         dev = u - u0  # spread around the center, as CMA-ES's rank-mu update measures steps
         cov = dev.T @ (dev * rank_w[:, None])
         values, vectors = np.linalg.eigh(cov)
@@ -477,10 +488,9 @@ class Search:
             return box
         # Floor the thin directions (few points span few of them) and blend in the GP's box.
         values = np.maximum(values, values.max() * 1e-2)
-        shape = (vectors * (values / math.exp(float(np.log(values).mean())))) @ vectors.T
+        shape = (vectors * _unit_geomean(values)) @ vectors.T
         values, vectors = np.linalg.eigh(0.5 * shape + 0.5 * box @ box)
-        half = np.sqrt(values / math.exp(float(np.log(values).mean())))
-        return vectors * half  # columns: the principal axes, scaled
+        return vectors * np.sqrt(_unit_geomean(values))  # columns: the principal axes, scaled
 
     def _restart(self) -> None:
         """Re-seed the population from fresh configs: the old basin stays known (best(), the
@@ -593,13 +603,11 @@ class Search:
         follows the global trend of the best ones where mutating single parents stays local.
         Categorical genes come from one of those candidates."""
         numeric = [p for p in self.space.params if p.kind != CATEGORICAL]
-        scored = sorted((c for c in self._epoch_candidates() if c.scores), key=lambda c: -post.mean[idx[c.id]])
-        top = scored[: max(self.settings.population_size // 2, 2)]
+        top = self._epoch_ranked(post, idx)[: max(self.settings.population_size // 2, 2)]
         if n <= 0 or not numeric or len(top) < 2:
             return []
         u = np.array([[p.to_unit(c.config[p.name]) for p in numeric] for c in top])
-        weights = np.log(len(top) + 0.5) - np.log(np.arange(1, len(top) + 1))
-        weights /= weights.sum()
+        weights = _rank_weights(len(top))
         mean = weights @ u
         cov = (u - mean).T @ np.diag(weights) @ (u - mean) + np.eye(len(numeric)) * 1e-4
         out: list[tuple[dict[str, Any], list[str]]] = []
