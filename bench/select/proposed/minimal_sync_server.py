@@ -6,7 +6,10 @@
 sampling over 3 arms, a decision id, a response from cached Structs, a buffer append, a
 Prometheus counter, and a flusher thread that builds and serializes one DecisionEvent per
 decision every 20 ms (no PostgreSQL, no JetStream). ``echo`` returns one prebuilt response.
-Drive both with the bench's request (``bench/select/run.py`` writes its framing) from core 0:
+Drive both with the bench's request from core 0, framed once with the bench's own helpers:
+
+    python -c "import sys; sys.path.insert(0, 'bench/select'); import run as R; \
+        open('select.bin', 'wb').write(R.grpc_frame(R.select_request()))"
 
     taskset -c 0 h2load -t 1 -c 4 -m 16 -D 6 -d select.bin -H "content-type: application/grpc" \
         -H "te: trailers" -H "authorization: Bearer t" \
