@@ -1,6 +1,7 @@
 """Runtime selection policies, end to end through a real optimizer: Gaussian, linear
-(contextual) and per-segment Thompson sampling, sticky sessions, exploration floor,
-canary promotion, the incumbent rule, discounting, and off-policy evaluation."""
+(contextual) and per-segment Thompson sampling, information-directed allocation, sticky
+sessions, exploration floor, canary promotion, the incumbent rule, discounting, and
+off-policy evaluation."""
 
 from __future__ import annotations
 
@@ -248,6 +249,32 @@ async def test_a_worse_canary_is_retired(optimizer):
     )
     for _ in range(20):
         assert (await sel.Select(sel_pb.SelectRequest(endpoint="ranker"))).arm_id == "current"
+
+
+async def test_information_directed_allocation_concentrates_exploration(optimizer):
+    admin, sel, _ = optimizer
+    arms = ["a", "b", "c", "d", "e"]
+    policy = ep_pb.PolicySpec(allocation=ep_pb.ALLOCATION_IDS)
+    await admin.CreateEndpoint(endpoint("ids-bot", arms, policy=policy))
+    truth = {"a": 0.9, "b": 0.4, "c": 0.4, "d": 0.3, "e": 0.3}
+    await play(sel, "ids-bot", 150, lambda arm, _, rng: float(rng.random() < truth[arm]), random.Random(7))
+    got = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name="ids-bot"))
+    assert got.endpoint.policy.allocation == ep_pb.ALLOCATION_IDS
+    p = {s.arm_id: s.selection_probability for s in got.endpoint.stats}
+    assert sum(p.values()) == pytest.approx(1.0)
+    assert p["a"] >= 0.8
+    # IDS plays at most two arms; the rest only get the 10% Thompson share.
+    assert sum(v > 0.1 for v in p.values()) <= 2
+    # Select draws from these probabilities (a later snapshot redraws them) and logs them.
+    d = await sel.Select(sel_pb.SelectRequest(endpoint="ids-bot"))
+    assert d.probability == pytest.approx(p[d.arm_id], abs=0.1)
+    linear = ep_pb.PolicySpec(
+        kind=ep_pb.POLICY_KIND_LINEAR_THOMPSON, context_features=["x"], allocation=ep_pb.ALLOCATION_IDS
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await admin.CreateEndpoint(endpoint("ids-linear", ["a", "b"], policy=linear, bounded=False))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not linear_thompson" in err.value.details()
 
 
 async def test_discounting_forgets_old_evidence(optimizer):

@@ -45,6 +45,13 @@ def test_defaults_match_the_optimizer_and_roundtrip_through_proto():
     assert PolicyFile.from_proto(ep.policy.to_proto()).model_dump() == ep.policy.model_dump()
 
 
+def test_allocation_ids_reaches_the_proto_and_back():
+    ep = parse_endpoint(minimal(policy={"allocation": "ids"}))
+    assert ep.to_proto().policy.allocation == pb.ALLOCATION_IDS
+    assert PolicyFile.from_proto(ep.policy.to_proto()).allocation == "ids"
+    assert PolicyFile.from_proto(pb.PolicySpec()).allocation == "thompson"
+
+
 def test_gaussian_defaults_to_unbounded():
     ep = parse_endpoint(minimal(policy={"kind": "thompson_gaussian"}))
     assert not ep.bounded and not ep.to_proto().reward_spec.bounded
@@ -73,6 +80,11 @@ def test_gaussian_defaults_to_unbounded():
         (minimal(policy={"half_life_s": float("nan")}), "policy.half_life_s: Input should be a finite number"),
         (minimal(policy={"half_life_s": 60, "window_s": 60}), "policy: set at most one of half_life_s and window_s"),
         (minimal(policy={"kind": "linear_thompson"}), "policy: context_features: linear_thompson needs"),
+        (minimal(policy={"allocation": "ucb"}), "policy.allocation: Input should be 'thompson' or 'ids'"),
+        (
+            minimal(policy={"kind": "linear_thompson", "context_features": ["x"], "allocation": "ids"}),
+            "policy: allocation: ids applies to thompson_beta and thompson_gaussian",
+        ),
         (
             minimal(policy={"kind": "thompson_beta", "context_features": ["x"]}),
             "policy: context_features only apply to linear_thompson",

@@ -128,5 +128,12 @@ def test_linear_thompson_needs_features():
     assert "only apply to linear_thompson" in _rejected(_spec(context_features=("x1",)))
 
 
+def test_allocation_must_be_thompson_or_ids_and_ids_is_not_contextual():
+    assert "'ucb'" in _rejected(_spec(allocation="ucb"))
+    validate_endpoint(_spec(allocation="ids"))
+    message = _rejected(_spec(policy_kind="linear_thompson", context_features=("x1",), allocation="ids"))
+    assert "not linear_thompson" in message
+
+
 def test_gaussian_policy_accepts_unbounded_rewards():
     validate_endpoint(_spec(policy_kind="thompson_gaussian", bounded=False))

@@ -13,6 +13,7 @@ Schema (YAML; every key but ``name`` and ``arms`` is optional, unknown keys are 
         traffic_cap: 0.1           # canaries: largest share of traffic, in (0, 1]
     policy:
       kind: thompson_beta          # thompson_beta (default) | thompson_gaussian | linear_thompson
+      allocation: thompson         # thompson (default) | ids: information-directed sampling (not linear_thompson)
       exploration_floor: 0.0       # minimum probability per arm; times the number of arms <= 1
       half_life_s: 0               # drift: evidence halves every half_life_s seconds (0 = off)
       window_s: 0                  # drift: only the last window_s seconds count (0 = off); not with half_life_s
@@ -58,6 +59,7 @@ from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 ENDPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 PolicyKindName = Literal["thompson_beta", "thompson_gaussian", "linear_thompson"]
+AllocationName = Literal["thompson", "ids"]
 
 KIND_TO_PB = {
     "thompson_beta": pb.POLICY_KIND_THOMPSON_BETA,
@@ -65,6 +67,8 @@ KIND_TO_PB = {
     "linear_thompson": pb.POLICY_KIND_LINEAR_THOMPSON,
 }
 KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()} | {pb.POLICY_KIND_UNSPECIFIED: "thompson_beta"}
+ALLOCATION_TO_PB = {"thompson": pb.ALLOCATION_THOMPSON, "ids": pb.ALLOCATION_IDS}
+ALLOCATION_FROM_PB = {v: k for k, v in ALLOCATION_TO_PB.items()} | {pb.ALLOCATION_UNSPECIFIED: "thompson"}
 STATUS_NAMES = {pb.ARM_STATUS_ACTIVE: "active", pb.ARM_STATUS_CANARY: "canary", pb.ARM_STATUS_RETIRED: "retired"}
 
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -130,6 +134,7 @@ class CanaryFile(_Strict):
 
 class PolicyFile(_Strict):
     kind: PolicyKindName = "thompson_beta"
+    allocation: AllocationName = "thompson"
     exploration_floor: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     half_life_s: NonNegative = 0.0
     window_s: NonNegative = 0.0
@@ -151,6 +156,8 @@ class PolicyFile(_Strict):
                 raise ValueError("context_features: linear_thompson needs the numeric context keys, in order")
             if self.segment_key or self.window_s > 0:
                 raise ValueError("linear_thompson supports half_life_s but not segment_key or window_s")
+            if self.allocation == "ids":
+                raise ValueError("allocation: ids applies to thompson_beta and thompson_gaussian, not linear_thompson")
         elif self.context_features:
             raise ValueError(f"context_features only apply to linear_thompson, not {self.kind}")
         if len(set(self.context_features)) != len(self.context_features):
@@ -171,6 +178,7 @@ class PolicyFile(_Strict):
             ridge_lambda=self.ridge_lambda,
             incumbent=pb.IncumbentRule(**self.incumbent.model_dump()),
             canary=pb.CanaryRule(**self.canary.model_dump()),
+            allocation=ALLOCATION_TO_PB[self.allocation],
         )
 
     @classmethod
@@ -179,6 +187,7 @@ class PolicyFile(_Strict):
         d = cls()
         return cls.model_construct(
             kind=KIND_FROM_PB.get(spec.kind, f"unknown({spec.kind})"),
+            allocation=ALLOCATION_FROM_PB.get(spec.allocation, f"unknown({spec.allocation})"),
             exploration_floor=spec.exploration_floor,
             half_life_s=spec.half_life_s,
             window_s=spec.window_s,

@@ -14,8 +14,10 @@ from flywheel.optimizer.spec import (
     BETA,
     CANARY,
     GAUSSIAN,
+    IDS,
     LINEAR,
     RETIRED,
+    THOMPSON,
     ArmSpec,
     EndpointSpec,
     PolicyConfig,
@@ -29,6 +31,8 @@ _KIND_TO_PB = {
     LINEAR: pb.POLICY_KIND_LINEAR_THOMPSON,
 }
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()} | {pb.POLICY_KIND_UNSPECIFIED: BETA}
+_ALLOCATION_TO_PB = {THOMPSON: pb.ALLOCATION_THOMPSON, IDS: pb.ALLOCATION_IDS}
+_ALLOCATION_FROM_PB = {v: k for k, v in _ALLOCATION_TO_PB.items()} | {pb.ALLOCATION_UNSPECIFIED: THOMPSON}
 
 
 def struct(value: dict[str, Any]) -> Struct:
@@ -94,6 +98,7 @@ def policy_config(spec: pb.PolicySpec) -> PolicyConfig:
         canary_min_pulls=spec.canary.min_pulls or d.canary_min_pulls,
         canary_promote_probability=spec.canary.promote_probability or d.canary_promote_probability,
         canary_retire_probability=spec.canary.retire_probability or d.canary_retire_probability,
+        allocation=_ALLOCATION_FROM_PB.get(spec.allocation, f"unknown({spec.allocation})"),
     )
 
 
@@ -119,6 +124,7 @@ def policy_message(p: PolicyConfig) -> pb.PolicySpec:
             promote_probability=p.canary_promote_probability,
             retire_probability=p.canary_retire_probability,
         ),
+        allocation=_ALLOCATION_TO_PB[p.allocation],
     )
 
 

@@ -13,9 +13,9 @@ import numpy as np
 from google.protobuf.struct_pb2 import Struct
 
 from flywheel.optimizer import posterior
-from flywheel.optimizer.policies import incumbent, selection
+from flywheel.optimizer.policies import ids, incumbent, selection
 from flywheel.optimizer.posterior import Stats
-from flywheel.optimizer.spec import ACTIVE, CANARY, LINEAR, RETIRED, PolicyConfig
+from flywheel.optimizer.spec import ACTIVE, CANARY, IDS, LINEAR, RETIRED, PolicyConfig
 
 # Joint posterior draws used to estimate selection probabilities.
 PROPENSITY_DRAWS = 4000
@@ -93,9 +93,14 @@ def selection_probabilities(
         None if stats.xtx is None else stats.xtx[idx],
         None if stats.xty is None else stats.xty[idx],
     )
-    # Capped mass goes to the arm that would win without the capped one, not pro rata.
     draws = posterior.draws(policy, live_stats, rng, m, x=x)
-    p_live = selection.thompson_probabilities(draws, floor=policy.exploration_floor, caps=caps[idx])
+    if policy.allocation == IDS and x is None:
+        p_live = ids.ids_probabilities(draws)
+        if policy.exploration_floor > 0 or (caps[idx] < 1).any():
+            p_live = selection.constrain(p_live, floor=policy.exploration_floor, caps=caps[idx])
+    else:
+        # Capped mass goes to the arm that would win without the capped one, not pro rata.
+        p_live = selection.thompson_probabilities(draws, floor=policy.exploration_floor, caps=caps[idx])
     out = np.zeros(len(live))
     out[idx] = p_live
     return out

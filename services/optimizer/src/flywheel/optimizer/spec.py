@@ -16,6 +16,8 @@ ARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 ACTIVE, CANARY, RETIRED = "active", "canary", "retired"
 BETA, GAUSSIAN, LINEAR = "thompson_beta", "thompson_gaussian", "linear_thompson"
 POLICY_KINDS = (BETA, GAUSSIAN, LINEAR)
+THOMPSON, IDS = "thompson", "ids"
+ALLOCATIONS = (THOMPSON, IDS)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class PolicyConfig:
     canary_min_pulls: int = 30
     canary_promote_probability: float = 0.95
     canary_retire_probability: float = 0.05
+    # "thompson", or "ids": information-directed sampling from the same posterior draws.
+    allocation: str = THOMPSON
 
     @property
     def bucket_s(self) -> int:
@@ -95,6 +99,10 @@ def check_policy(policy: PolicyConfig, *, n_arms: int, bounded: bool) -> None:
         raise InvalidArgument(f"policy {policy.kind!r} is not available; use one of {list(POLICY_KINDS)}")
     if policy.kind == BETA and not bounded:
         raise InvalidArgument("thompson_beta needs bounded rewards in [0, 1]; use thompson_gaussian for unbounded")
+    if policy.allocation not in ALLOCATIONS:
+        raise InvalidArgument(f"allocation {policy.allocation!r} is not available; use one of {list(ALLOCATIONS)}")
+    if policy.allocation == IDS and policy.kind == LINEAR:
+        raise InvalidArgument("allocation 'ids' applies to thompson_beta and thompson_gaussian, not linear_thompson")
     for name in ("exploration_floor", "half_life_s", "window_s", "segment_prior_strength", "sticky_ttl_s"):
         _finite_nonneg(getattr(policy, name), name)
     if policy.exploration_floor * n_arms > 1:

@@ -15,7 +15,9 @@ prior is never discounted), which is the `drift` contract the service follows.
 Selection: with caps or an exploration floor, `select` does what the service does, p =
 `thompson_probabilities(m joint draws, floor, caps)` then sampling from p. Without them, for
 speed, it takes the argmax of a single joint posterior draw: that has exactly the
-distribution p estimates (the service's p is a Monte Carlo estimate of it).
+distribution p estimates (the service's p is a Monte Carlo estimate of it). With
+``allocation="ids"`` p is `ids.ids_probabilities` of m joint draws (then caps and floor by
+`constrain`), as the service computes it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from flywheel.optimizer.policies import beta as beta_family
-from flywheel.optimizer.policies import gaussian, linear
+from flywheel.optimizer.policies import gaussian, ids, linear
 from flywheel.optimizer.policies.drift import decay_factor, decay_factors
 from flywheel.optimizer.policies.selection import constrain, thompson_probabilities
 
@@ -45,7 +47,8 @@ class ThompsonAgent:
         dim: context dimension for kind "linear".
         ridge: ridge added to XtX for kind "linear".
         noise_scale: v in theta ~ N(A^-1 b, v^2 A^-1) for kind "linear".
-        snapshot_draws: m, the joint draws used to compute p when caps or a floor apply.
+        snapshot_draws: m, the joint draws used to compute p when caps or a floor apply (or for IDS).
+        allocation: "thompson" or "ids" (information-directed sampling; not for kind "linear").
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class ThompsonAgent:
         ridge: float = 1.0,
         noise_scale: float = 1.0,
         snapshot_draws: int = 2000,
+        allocation: Literal["thompson", "ids"] = "thompson",
     ) -> None:
         if n_arms < 1:
             raise ValueError("need at least one arm")
@@ -68,6 +72,9 @@ class ThompsonAgent:
             raise ValueError(f"unknown kind {kind!r}")
         if kind == "linear" and not dim:
             raise ValueError("kind 'linear' needs dim")
+        if allocation not in ("thompson", "ids") or (allocation == "ids" and kind == "linear"):
+            raise ValueError(f"allocation {allocation!r} is not available for kind {kind!r}")
+        self.allocation = allocation
         self.k = n_arms
         self.kind: Kind = kind
         self.half_life_s = float(half_life_s)
@@ -127,12 +134,18 @@ class ThompsonAgent:
     ) -> np.ndarray:
         """p as the service computes it: `thompson_probabilities` of m joint draws."""
         d = self.draws(rng, self.snapshot_draws, context, now=now)
+        if self.allocation == "ids":
+            p = ids.ids_probabilities(d)
+            return constrain(p, floor=self.exploration_floor, caps=self.caps) if self._constrained() else p
         return thompson_probabilities(d, floor=self.exploration_floor, caps=self.caps)
 
     # --- acting --------------------------------------------------------------------------
 
     def _constrained(self) -> bool:
         return self.exploration_floor > 0 or self.caps is not None
+
+    def _single_draw_suffices(self) -> bool:
+        return self.allocation == "thompson" and not self._constrained()
 
     def select(self, rng: np.random.Generator, context: np.ndarray | None = None, *, now: float | None = None) -> int:
         """One arm by Thompson sampling (see the module docstring for the fast path)."""
@@ -142,7 +155,7 @@ class ThompsonAgent:
         self, rng: np.random.Generator, n: int, context: np.ndarray | None = None, *, now: float | None = None
     ) -> np.ndarray:
         """n independent selections from the same posterior snapshot (no updates between them)."""
-        if not self._constrained():
+        if self._single_draw_suffices():
             return np.argmax(self.draws(rng, n, context, now=now), axis=1)
         p = self.probabilities(rng, context, now=now)
         cdf = np.cumsum(p)

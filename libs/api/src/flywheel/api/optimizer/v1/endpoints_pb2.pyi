@@ -73,6 +73,36 @@ POLICY_KIND_LINEAR_THOMPSON: PolicyKind.ValueType  # 3
 """Linear Thompson sampling over declared context features."""
 Global___PolicyKind: _TypeAlias = PolicyKind  # noqa: Y015
 
+class _Allocation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AllocationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Allocation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ALLOCATION_UNSPECIFIED: _Allocation.ValueType  # 0
+    """Thompson sampling (the default)."""
+    ALLOCATION_THOMPSON: _Allocation.ValueType  # 1
+    """Thompson sampling: each arm with the posterior probability that it is best."""
+    ALLOCATION_IDS: _Allocation.ValueType  # 2
+    """Information-directed sampling from the same posterior: minimises squared expected
+    regret over information gained about the best arm, mixed with 10% Thompson sampling.
+    Lower regret than Thompson sampling with several similar arms; Beta and Gaussian only.
+    """
+
+class Allocation(_Allocation, metaclass=_AllocationEnumTypeWrapper):
+    """How the policy turns its posterior into the probability of each arm."""
+
+ALLOCATION_UNSPECIFIED: Allocation.ValueType  # 0
+"""Thompson sampling (the default)."""
+ALLOCATION_THOMPSON: Allocation.ValueType  # 1
+"""Thompson sampling: each arm with the posterior probability that it is best."""
+ALLOCATION_IDS: Allocation.ValueType  # 2
+"""Information-directed sampling from the same posterior: minimises squared expected
+regret over information gained about the best arm, mixed with 10% Thompson sampling.
+Lower regret than Thompson sampling with several similar arms; Beta and Gaussian only.
+"""
+Global___Allocation: _TypeAlias = Allocation  # noqa: Y015
+
 @_typing.final
 class Arm(_message.Message):
     """One configuration a product can be told to use."""
@@ -294,6 +324,7 @@ class PolicySpec(_message.Message):
     RIDGE_LAMBDA_FIELD_NUMBER: _builtins.int
     INCUMBENT_FIELD_NUMBER: _builtins.int
     CANARY_FIELD_NUMBER: _builtins.int
+    ALLOCATION_FIELD_NUMBER: _builtins.int
     kind: Global___PolicyKind.ValueType
     exploration_floor: _builtins.float
     """Minimum probability every active arm keeps (0 disables)."""
@@ -314,6 +345,8 @@ class PolicySpec(_message.Message):
     sticky_ttl_s: _builtins.float
     ridge_lambda: _builtins.float
     """Ridge prior precision of linear Thompson sampling (default 1)."""
+    allocation: Global___Allocation.ValueType
+    """Thompson sampling (default) or information-directed sampling (not with linear_thompson)."""
     @_builtins.property
     def context_features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Contextual endpoints (POLICY_KIND_LINEAR_THOMPSON): numeric context features, in order."""
@@ -337,10 +370,11 @@ class PolicySpec(_message.Message):
         ridge_lambda: _builtins.float = ...,
         incumbent: Global___IncumbentRule | None = ...,
         canary: Global___CanaryRule | None = ...,
+        allocation: Global___Allocation.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "incumbent", b"incumbent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "context_features", b"context_features", "exploration_floor", b"exploration_floor", "half_life_s", b"half_life_s", "incumbent", b"incumbent", "kind", b"kind", "ridge_lambda", b"ridge_lambda", "segment_key", b"segment_key", "segment_prior_strength", b"segment_prior_strength", "sticky_sessions", b"sticky_sessions", "sticky_ttl_s", b"sticky_ttl_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "canary", b"canary", "context_features", b"context_features", "exploration_floor", b"exploration_floor", "half_life_s", b"half_life_s", "incumbent", b"incumbent", "kind", b"kind", "ridge_lambda", b"ridge_lambda", "segment_key", b"segment_key", "segment_prior_strength", b"segment_prior_strength", "sticky_sessions", b"sticky_sessions", "sticky_ttl_s", b"sticky_ttl_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
