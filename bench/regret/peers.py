@@ -4,7 +4,9 @@
 - ``update(steps, arms, rewards, now)``: feedback that reached the policy at time ``now``.
 
 Flywheel is `flywheel.optimizer.policies.simulate.ThompsonAgent`, the statistics and the
-functions the service runs. Peers use their public APIs with their default settings:
+functions the service runs, with either allocation: Thompson sampling (the default) or
+information-directed sampling (``allocation: ids``, p from 1000 joint draws per snapshot).
+Peers use their public APIs with their default settings:
 
 - MABWiser ThompsonSampling (Beta(1, 1) on binary rewards). Gaussian rewards go through
   its ``binarizer`` as ``reward > 0.5``: 0.5 is the non-best arms' mean, the threshold
@@ -24,12 +26,21 @@ import numpy as np
 
 from flywheel.optimizer.policies.simulate import ThompsonAgent
 
+# Joint draws per snapshot for IDS (the service uses 4000; 1000 keeps k = 100 affordable here).
+IDS_DRAWS = 1000
+
 
 class Flywheel:
-    """Flywheel's Thompson sampling: kind "beta" or "gaussian", optionally discounted."""
+    """Flywheel's policy: kind "beta" or "gaussian", allocation "thompson" or "ids", optionally discounted."""
 
-    def __init__(self, k: int, kind: str, seed: int, half_life: float = 0.0) -> None:
-        self.agent = ThompsonAgent(k, kind, half_life_s=half_life)  # type: ignore[arg-type]
+    def __init__(self, k: int, kind: str, seed: int, half_life: float = 0.0, allocation: str = "thompson") -> None:
+        self.agent = ThompsonAgent(
+            k,
+            kind,  # type: ignore[arg-type]
+            half_life_s=half_life,
+            allocation=allocation,  # type: ignore[arg-type]
+            snapshot_draws=IDS_DRAWS,
+        )
         self.rng = np.random.default_rng(seed)
 
     def select(self, n: int, now: float) -> np.ndarray:

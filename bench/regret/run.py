@@ -44,6 +44,8 @@ FULL = {
 QUICK = {**FULL, "arms": [2, 10], "seeds": 10, "horizon": 2000}
 PEERS = ("mabwiser_ts", "mabwiser_ucb1", "mabwiser_eps_greedy", "vw_cb_explore")
 GOALS = {"flywheel_vs_best_peer": 0.9, "delayed_vs_undelayed": 1.1, "drift_discounted_vs_stationary_ts": 0.5}
+# The same goals for the endpoints that choose allocation: ids.
+GOALS |= {"ids_vs_best_peer": 0.9, "ids_delayed_vs_undelayed": 1.1, "drift_ids_discounted_vs_stationary_ts": 0.5}
 
 
 def have_vw() -> bool:
@@ -67,8 +69,10 @@ def make_policies(reward: str, scenario: str, k: int, seed: int, params: dict, v
     if scenario == "drift":
         out["flywheel"] = Flywheel(k, kind, fw_seed, half_life=hl)
         out["flywheel_stationary"] = Flywheel(k, kind, fw_seed)
+        out["flywheel_ids"] = Flywheel(k, kind, fw_seed, half_life=hl, allocation="ids")
     else:
         out["flywheel"] = Flywheel(k, kind, fw_seed)
+        out["flywheel_ids"] = Flywheel(k, kind, fw_seed, allocation="ids")
         if scenario == "stationary":
             out["flywheel_discounted"] = Flywheel(k, kind, fw_seed, half_life=hl)
     for which in ("ts", "ucb1", "eps_greedy"):
@@ -171,6 +175,10 @@ def aggregate(records: list[dict], params: dict) -> tuple[dict, dict]:
         group = "drift" if scenario == "drift" else "stationary_and_delayed"
         vs_peer[group].append(entry["flywheel_vs_best_peer"])
         vs_peer[f"{group}/{gap}"].append(entry["flywheel_vs_best_peer"])
+        if "flywheel_ids" in regret:
+            entry["ids_vs_best_peer"] = regret["flywheel_ids"]["mean"] / peers[best_peer]
+            vs_peer[f"ids/{group}"].append(entry["ids_vs_best_peer"])
+            vs_peer[f"ids/{group}/{gap}"].append(entry["ids_vs_best_peer"])
         if group != "drift":
             vs_peer[f"ts/{reward}"].append(entry["flywheel_vs_mabwiser_ts"])
         if scenario == "delayed":
@@ -178,18 +186,28 @@ def aggregate(records: list[dict], params: dict) -> tuple[dict, dict]:
             entry["delayed_vs_undelayed"] = regret["flywheel"]["mean"] / float(np.mean(undelayed))
             delayed["all"].append(entry["delayed_vs_undelayed"])
             delayed[gap].append(entry["delayed_vs_undelayed"])
+            if "flywheel_ids" in regret:
+                undelayed_ids = by[f"{reward}/{karms}/{gap}/stationary"]["flywheel_ids"]
+                delayed["ids"].append(regret["flywheel_ids"]["mean"] / float(np.mean(undelayed_ids)))
         if scenario == "drift":
             entry["drift_discounted_vs_stationary_ts"] = (
                 regret["flywheel"]["mean"] / regret["flywheel_stationary"]["mean"]
             )
             drift["all"].append(entry["drift_discounted_vs_stationary_ts"])
             drift[gap].append(entry["drift_discounted_vs_stationary_ts"])
+            if "flywheel_ids" in regret:
+                drift["ids"].append(regret["flywheel_ids"]["mean"] / regret["flywheel_stationary"]["mean"])
+                drift[f"ids/{gap}"].append(drift["ids"][-1])
         per_config[config] = entry
     ratios = {
         "flywheel_vs_best_peer": _mean_ratio(vs_peer["stationary_and_delayed"]),
         "delayed_vs_undelayed": _mean_ratio(delayed["all"]),
         "drift_discounted_vs_stationary_ts": _mean_ratio(drift["all"]),
         "flywheel_vs_best_peer_under_drift": _mean_ratio(vs_peer["drift"]),
+        "ids_vs_best_peer": _mean_ratio(vs_peer["ids/stationary_and_delayed"]),
+        "ids_delayed_vs_undelayed": _mean_ratio(delayed["ids"]),
+        "drift_ids_discounted_vs_stationary_ts": _mean_ratio(drift["ids"]),
+        "ids_vs_best_peer_under_drift": _mean_ratio(vs_peer["ids/drift"]),
     }
     for reward in REWARDS:
         ratios[f"flywheel_vs_mabwiser_ts_{reward}"] = _mean_ratio(vs_peer[f"ts/{reward}"])
@@ -198,6 +216,8 @@ def aggregate(records: list[dict], params: dict) -> tuple[dict, dict]:
         ratios[f"flywheel_vs_best_peer_{g}"] = _mean_ratio(vs_peer[f"stationary_and_delayed/{g}"])
         ratios[f"delayed_vs_undelayed_{g}"] = _mean_ratio(delayed[g])
         ratios[f"drift_discounted_vs_stationary_ts_{g}"] = _mean_ratio(drift[g])
+        ratios[f"ids_vs_best_peer_{g}"] = _mean_ratio(vs_peer[f"ids/stationary_and_delayed/{g}"])
+        ratios[f"drift_ids_discounted_vs_stationary_ts_{g}"] = _mean_ratio(drift[f"ids/{g}"])
     steps: defaultdict[str, int] = defaultdict(int)
     for r in records:
         steps[r["policy"]] += params["horizon"]
@@ -222,10 +242,12 @@ def table(figures: dict, ratios: dict, vw: bool) -> str:
         "mabwiser_eps_greedy": "mw_egreedy",
         "vw_cb_explore": "vw_cb",
     }
-    head = f"{'config':36s}" + "".join(f"{short[c]:>11s}" for c in cols) + f"{'fw_alt':>9s}{'fw/best':>9s}"
+    head = f"{'config':36s}" + "".join(f"{short[c]:>11s}" for c in cols)
+    head += f"{'fw_alt':>9s}{'fw_ids':>9s}{'fw/best':>9s}{'ids/best':>9s}"
     lines = [
         "mean cumulative pseudo-regret over seeds. flywheel: stationary TS, or TS with the half-life under drift;",
-        "fw_alt: Flywheel with the half-life (stationary rows) or without it (drift rows); fw/best: vs best peer",
+        "fw_alt: Flywheel with the half-life (stationary rows) or without it (drift rows); fw_ids: allocation ids",
+        "(with the half-life under drift); fw/best, ids/best: vs the best peer",
         head,
     ]
     for config, e in figures["per_config"].items():
@@ -233,7 +255,9 @@ def table(figures: dict, ratios: dict, vw: bool) -> str:
         row = f"{config:36s}" + "".join(f"{reg[c]['mean']:11.1f}" for c in cols)
         alt = reg.get("flywheel_stationary", reg.get("flywheel_discounted"))
         row += f"{alt['mean']:9.1f}" if alt else f"{'':9s}"
+        row += f"{reg['flywheel_ids']['mean']:9.1f}" if "flywheel_ids" in reg else f"{'':9s}"
         row += f"{e['flywheel_vs_best_peer']:9.3f}"
+        row += f"{e['ids_vs_best_peer']:9.3f}" if "ids_vs_best_peer" in e else ""
         lines.append(row)
     lines.append("")
     lines.append("ratios (goal: <= target)")
@@ -260,6 +284,7 @@ def plot(figures: dict, params: dict, path: Path) -> bool:
         "flywheel": "tab:blue",
         "flywheel_discounted": "tab:cyan",
         "flywheel_stationary": "tab:cyan",
+        "flywheel_ids": "tab:green",
         "mabwiser_ts": "tab:orange",
         "mabwiser_ucb1": "tab:red",
         "mabwiser_eps_greedy": "tab:purple",

@@ -14,6 +14,9 @@ Variants, all on `ThompsonAgent`'s statistics:
   with probability 1 - 1/k; an arm never pulled draws +inf.
 - ``tempered_c``: draws pulled toward the posterior mean, mean + c (draw - mean).
 - ``discounted``: the service's half-life discounting (500 steps).
+- ``ids_0.0`` / ``ids_0.1``: information-directed sampling from 1000 joint draws per batch
+  (`policies.ids`), pure or with a 10% Thompson share (what ``allocation: ids`` ships);
+  ``ids_discounted``: the shipped one with the 500-step half-life, under drift.
 - ``detect_use`` / ``detect_reset``: stationary statistics plus a second copy discounted with a
   250-step half-life; a per-arm z-test (|z| > 3) of the recent evidence against the older
   evidence either uses the recent copy for that arm or resets the arm's statistics to it.
@@ -32,6 +35,7 @@ from envs import REWARDS, environment, make_base
 from loop import play
 
 from flywheel.optimizer.policies import gaussian
+from flywheel.optimizer.policies.ids import ids_probabilities
 from flywheel.optimizer.policies.simulate import ThompsonAgent
 
 PEERS = ("mabwiser_ts", "mabwiser_ucb1", "mabwiser_eps_greedy", "vw_cb_explore")
@@ -40,10 +44,12 @@ PEERS = ("mabwiser_ts", "mabwiser_ucb1", "mabwiser_eps_greedy", "vw_cb_explore")
 class Variant:
     """Thompson sampling whose joint draws are reshaped by ``mode`` before the argmax."""
 
-    def __init__(self, k: int, kind: str, seed: int, mode: str = "ts", c: float = 1.0, half_life: float = 0.0) -> None:
+    def __init__(
+        self, k: int, kind: str, seed: int, mode: str = "ts", c: float = 1.0, half_life: float = 0.0, m: int = 1000
+    ) -> None:
         self.agent = ThompsonAgent(k, kind, half_life_s=half_life)  # type: ignore[arg-type]
         self.rng = np.random.default_rng(seed)
-        self.mode, self.c, self.k = mode, c, k
+        self.mode, self.c, self.k, self.m = mode, c, k, m
 
     def _means(self) -> tuple[np.ndarray, np.ndarray]:
         ev = self.agent.evidence()
@@ -52,6 +58,10 @@ class Variant:
         return gaussian.posterior(ev[0], ev[1], ev[2], self.agent.prior).mean, ev[0]
 
     def select(self, n: int, now: float) -> np.ndarray:
+        if self.mode == "ids":
+            d = self.agent.draws(self.rng, self.m, now=now)
+            p = ids_probabilities(d, thompson_share=self.c)
+            return np.minimum(np.searchsorted(np.cumsum(p), self.rng.random(n) * p.sum(), side="right"), self.k - 1)
         d = self.agent.draws(self.rng, n, now=now)
         if self.mode == "tempered":
             mean, _ = self._means()
@@ -115,12 +125,14 @@ STATIONARY: dict[str, Factory] = {
     "ts": lambda k, kind, s: Variant(k, kind, s),
     "eps_ts": partial(Variant, mode="eps_ts"),
     **{f"tempered_{c}": partial(Variant, mode="tempered", c=c) for c in (0.5, 0.7, 0.85)},
+    **{f"ids_{c}": partial(Variant, mode="ids", c=c) for c in (0.0, 0.1)},
 }
 DRIFT: dict[str, Factory] = {
     "ts": lambda k, kind, s: Variant(k, kind, s),
     "discounted": lambda k, kind, s: Variant(k, kind, s, half_life=500.0),
     "detect_use": lambda k, kind, s: Detector(k, kind, s, reset=False),
     "detect_reset": lambda k, kind, s: Detector(k, kind, s, reset=True),
+    "ids_discounted": lambda k, kind, s: Variant(k, kind, s, mode="ids", c=0.1, half_life=500.0),
 }
 
 
@@ -152,7 +164,10 @@ def table(title: str, results: dict[str, dict[str, float]], base: dict[str, floa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=Path, required=True, help="a regret.json from run.py on the same seeds")
+    ap.add_argument("--only", help="comma-separated variant names to run (default: all)")
+    ap.add_argument("--no-drift", action="store_true", help="skip the drift table")
     args = ap.parse_args()
+    keep = set(args.only.split(",")) if args.only else None
     peers_run = json.loads(args.peers.read_text())
     p = peers_run["params"]
     seeds = range(p["seed_offset"], p["seed_offset"] + p["seeds"])
@@ -162,9 +177,13 @@ def main() -> int:
         for c, e in per_config.items()
         if c.endswith("/stationary")
     }
-    stationary = {n: regrets(f, "stationary", p["arms"], p["gaps"], seeds, p["horizon"]) for n, f in STATIONARY.items()}
+    chosen = {n: f for n, f in STATIONARY.items() if keep is None or n in keep or n == "ts"}
+    stationary = {n: regrets(f, "stationary", p["arms"], p["gaps"], seeds, p["horizon"]) for n, f in chosen.items()}
     table("stationary", stationary, best_peer, "best peer")
-    drift = {n: regrets(f, "drift", p["arms"], p["gaps"], seeds, p["horizon"]) for n, f in DRIFT.items()}
+    if args.no_drift:
+        return 0
+    chosen = {n: f for n, f in DRIFT.items() if keep is None or n in keep or n == "ts"}
+    drift = {n: regrets(f, "drift", p["arms"], p["gaps"], seeds, p["horizon"]) for n, f in chosen.items()}
     table("drift", drift, drift["ts"], "stationary TS")
     return 0
 
