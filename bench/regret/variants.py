@@ -6,7 +6,8 @@
 The first command gives the peers' regrets on seeds 1000-1019; this script replays the same
 environments (`envs`, `loop`) for each variant and prints, per configuration, its regret over
 the best peer's (stationary) or over stationary TS's (drift), with the mean over configurations.
-None of these variants ships; bench/README.md ("What was tried") says why.
+Only ``ids_0.1`` ships (as ``allocation: ids``); bench/README.md ("What was tried") says why
+the others do not. ``--only a,b`` runs some of them; ``--no-drift`` skips the drift table.
 
 Variants, all on `ThompsonAgent`'s statistics:
 - ``ts``: plain Thompson sampling, what the service does.
