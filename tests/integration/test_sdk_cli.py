@@ -358,7 +358,7 @@ async def test_cli_apply_get_list_and_ope(optimizer, admin, tmp_path: Path, monk
     assert code == 0 and "samples 300" in out and "90% INTERVAL" in out
     assert [line.split()[0] for line in out.splitlines()[3:]] == ["IPS", "SNIPS", "DR"]
     code, out, _ = flywheel_in_process(capsys, "ope", "cli-bot", "--current", "--since", "2000-01-01")
-    assert code == 0 and "Thompson sampling from the current posteriors" in out
+    assert code == 0 and "policy (Thompson sampling or IDS) on the current posteriors" in out
 
     code, out, _ = flywheel_in_process(capsys, "endpoint", "get", "cli-bot")
     assert code == 0

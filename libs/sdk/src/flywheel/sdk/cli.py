@@ -34,7 +34,13 @@ from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
 from flywheel.api.optimizer.v1 import runs_pb2 as runs_pb
 from flywheel.sdk.admin import AdminClient, ApplyConflict, apply_plan, plan_apply
-from flywheel.sdk.endpoint_file import KIND_FROM_PB, STATUS_NAMES, EndpointFileError, load_endpoint_file
+from flywheel.sdk.endpoint_file import (
+    ALLOCATION_FROM_PB,
+    KIND_FROM_PB,
+    STATUS_NAMES,
+    EndpointFileError,
+    load_endpoint_file,
+)
 from flywheel.sdk.run_init import (
     KINDS,
     METRICS,
@@ -184,6 +190,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         return 0
     print(f"endpoint     {ep.name}" + (f" - {ep.description}" if ep.description else ""))
     policy = ep.policy
+    allocation = ALLOCATION_FROM_PB.get(policy.allocation, str(policy.allocation))
     knobs = [
         f"{k} {v}"
         for k, v in (
@@ -193,6 +200,7 @@ def cmd_get(args: argparse.Namespace) -> int:
             ("segment_key", policy.segment_key),
             ("sticky_ttl_s", policy.sticky_ttl_s if policy.sticky_sessions else 0),
             ("context_features", ",".join(policy.context_features)),
+            ("allocation", "" if allocation == "thompson" else allocation),
         )
         if v
     ]
@@ -273,7 +281,7 @@ def cmd_ope(args: argparse.Namespace) -> int:
         described = "fixed distribution " + ", ".join(f"{a}={p:g}" for a, p in args.distribution.items())
     else:
         candidate = {"current_posterior": True}
-        described = "Thompson sampling from the current posteriors"
+        described = "the endpoint's policy (Thompson sampling or IDS) on the current posteriors"
     estimates = [
         {
             "estimator": _ESTIMATOR_NAMES.get(e.estimator, str(e.estimator)).lower(),
@@ -646,7 +654,11 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--distribution", metavar="A=P,B=P", type=distribution, help="a fixed distribution over arms, e.g. a=0.5,b=0.5"
     )
-    which.add_argument("--current", action="store_true", help="Thompson sampling from the current posteriors")
+    which.add_argument(
+        "--current",
+        action="store_true",
+        help="the endpoint's policy (Thompson sampling or IDS) on the current posteriors",
+    )
     ope.add_argument("--since", type=iso_time, metavar="ISO", help="decisions at or after this time (UTC if no zone)")
     ope.add_argument("--until", type=iso_time, metavar="ISO", help="decisions before this time (UTC if no zone)")
     ope.add_argument("--confidence", type=confidence, default=0.95, help="interval confidence level (default 0.95)")
