@@ -96,3 +96,14 @@ def test_ids_in_the_agent_respects_the_floor_and_caps():
     assert p.sum() == pytest.approx(1.0)
     assert p.min() >= 0.05 - 1e-9
     assert p[2] <= 0.2 + 1e-9
+
+
+def test_many_arms_are_cut_to_the_candidates_that_win_draws():
+    rng = np.random.default_rng(3)
+    alpha = np.r_[[40.0, 35.0, 30.0], np.full(297, 5.0)]
+    beta_ = np.r_[[20.0, 20.0, 20.0], np.full(297, 45.0)]  # 297 arms near 0.1 that never win
+    draws = beta.draws(alpha, beta_, rng, 2000)
+    assert set(np.flatnonzero(np.bincount(np.argmax(draws, axis=1), minlength=300))) <= {0, 1, 2}
+    cut = information_directed(draws, max_candidates=16)
+    np.testing.assert_allclose(cut, information_directed(draws, max_candidates=None))
+    assert cut[3:].sum() == 0.0
