@@ -132,7 +132,7 @@ class ThompsonAgent:
     def probabilities(
         self, rng: np.random.Generator, context: np.ndarray | None = None, *, now: float | None = None
     ) -> np.ndarray:
-        """p as the service computes it: `thompson_probabilities` of m joint draws."""
+        """p as the service computes it from m joint draws: Thompson (or IDS) probabilities, caps and floor applied."""
         d = self.draws(rng, self.snapshot_draws, context, now=now)
         if self.allocation == "ids":
             p = ids.ids_probabilities(d)
