@@ -1,4 +1,4 @@
-"""Cumulative regret of Flywheel's Thompson sampling against MABWiser and Vowpal Wabbit.
+"""Cumulative regret of Flywheel's Thompson sampling and IDS against MABWiser and Vowpal Wabbit.
 
     python bench/regret/run.py [--quick] [--jobs N]
 
