@@ -37,6 +37,7 @@ from loop import play
 
 from flywheel.optimizer.policies import gaussian
 from flywheel.optimizer.policies.ids import ids_probabilities
+from flywheel.optimizer.policies.selection import sample_many
 from flywheel.optimizer.policies.simulate import ThompsonAgent
 
 PEERS = ("mabwiser_ts", "mabwiser_ucb1", "mabwiser_eps_greedy", "vw_cb_explore")
@@ -60,9 +61,8 @@ class Variant:
 
     def select(self, n: int, now: float) -> np.ndarray:
         if self.mode == "ids":
-            d = self.agent.draws(self.rng, self.m, now=now)
-            p = ids_probabilities(d, thompson_share=self.c)
-            return np.minimum(np.searchsorted(np.cumsum(p), self.rng.random(n) * p.sum(), side="right"), self.k - 1)
+            p = ids_probabilities(self.agent.draws(self.rng, self.m, now=now), thompson_share=self.c)
+            return sample_many(p, self.rng, n)
         d = self.agent.draws(self.rng, n, now=now)
         if self.mode == "tempered":
             mean, _ = self._means()

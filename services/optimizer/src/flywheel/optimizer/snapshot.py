@@ -94,13 +94,9 @@ def selection_probabilities(
         None if stats.xty is None else stats.xty[idx],
     )
     draws = posterior.draws(policy, live_stats, rng, m, x=x)
-    if policy.allocation == IDS and x is None:
-        p_live = ids.ids_probabilities(draws)
-        if policy.exploration_floor > 0 or (caps[idx] < 1).any():
-            p_live = selection.constrain(p_live, floor=policy.exploration_floor, caps=caps[idx])
-    else:
-        # Capped mass goes to the arm that would win without the capped one, not pro rata.
-        p_live = selection.thompson_probabilities(draws, floor=policy.exploration_floor, caps=caps[idx])
+    # Thompson: capped mass goes to the arm that would win without the capped one, not pro rata.
+    allocate = ids.ids_probabilities if policy.allocation == IDS else selection.thompson_probabilities
+    p_live = allocate(draws, floor=policy.exploration_floor, caps=caps[idx])
     out = np.zeros(len(live))
     out[idx] = p_live
     return out

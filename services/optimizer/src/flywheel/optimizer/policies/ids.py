@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flywheel.optimizer.policies.selection import action_probabilities
+from flywheel.optimizer.policies.selection import action_probabilities, constrain
 
 _TINY = 1e-300
 DEFAULT_THOMPSON_SHARE = 0.1
@@ -101,9 +101,22 @@ def information_directed(draws: np.ndarray, max_candidates: int | None = MAX_CAN
     return p
 
 
-def ids_probabilities(draws: np.ndarray, thompson_share: float = DEFAULT_THOMPSON_SHARE) -> np.ndarray:
-    """What the ``ids`` allocation plays: (1 - share) IDS + share Thompson sampling, shape (k,)."""
+def ids_probabilities(
+    draws: np.ndarray,
+    *,
+    floor: float = 0.0,
+    caps: np.ndarray | None = None,
+    thompson_share: float = DEFAULT_THOMPSON_SHARE,
+) -> np.ndarray:
+    """What the ``ids`` allocation plays: (1 - share) IDS + share Thompson sampling, shape (k,).
+
+    The counterpart of `selection.thompson_probabilities`, with the same ``floor`` and
+    ``caps`` (applied by `selection.constrain` when one binds).
+    """
     if not 0.0 <= thompson_share <= 1.0:
         raise ValueError(f"thompson_share must be in [0, 1], got {thompson_share}")
     p = (1.0 - thompson_share) * information_directed(draws) + thompson_share * action_probabilities(draws)
-    return p / p.sum()
+    p = p / p.sum()
+    if floor > 0 or (caps is not None and np.any(np.asarray(caps) < 1)):
+        p = constrain(p, floor=floor, caps=caps)
+    return p

@@ -132,3 +132,9 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     cdf = np.cumsum(p)
     idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return min(idx, len(cdf) - 1)
+
+
+def sample_many(p: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
+    """n independent indices drawn from the distribution p, shape (n,): `sample` n times at once."""
+    cdf = np.cumsum(p)
+    return np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(cdf) - 1)

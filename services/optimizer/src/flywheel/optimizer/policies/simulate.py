@@ -16,8 +16,8 @@ Selection: with caps or an exploration floor, `select` does what the service doe
 `thompson_probabilities(m joint draws, floor, caps)` then sampling from p. Without them, for
 speed, it takes the argmax of a single joint posterior draw: that has exactly the
 distribution p estimates (the service's p is a Monte Carlo estimate of it). With
-``allocation="ids"`` p is `ids.ids_probabilities` of m joint draws (then caps and floor by
-`constrain`), as the service computes it.
+``allocation="ids"`` p is `ids.ids_probabilities(m joint draws, floor, caps)`, as the
+service computes it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from flywheel.optimizer.policies import beta as beta_family
 from flywheel.optimizer.policies import gaussian, ids, linear
 from flywheel.optimizer.policies.drift import decay_factor, decay_factors
-from flywheel.optimizer.policies.selection import constrain, thompson_probabilities
+from flywheel.optimizer.policies.selection import constrain, sample_many, thompson_probabilities
 
 Kind = Literal["beta", "gaussian", "linear"]
 
@@ -134,10 +134,8 @@ class ThompsonAgent:
     ) -> np.ndarray:
         """p as the service computes it from m joint draws: Thompson (or IDS) probabilities, caps and floor applied."""
         d = self.draws(rng, self.snapshot_draws, context, now=now)
-        if self.allocation == "ids":
-            p = ids.ids_probabilities(d)
-            return constrain(p, floor=self.exploration_floor, caps=self.caps) if self._constrained() else p
-        return thompson_probabilities(d, floor=self.exploration_floor, caps=self.caps)
+        allocate = ids.ids_probabilities if self.allocation == "ids" else thompson_probabilities
+        return allocate(d, floor=self.exploration_floor, caps=self.caps)
 
     # --- acting --------------------------------------------------------------------------
 
@@ -157,9 +155,7 @@ class ThompsonAgent:
         """n independent selections from the same posterior snapshot (no updates between them)."""
         if self._single_draw_suffices():
             return np.argmax(self.draws(rng, n, context, now=now), axis=1)
-        p = self.probabilities(rng, context, now=now)
-        cdf = np.cumsum(p)
-        return np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), self.k - 1)
+        return sample_many(self.probabilities(rng, context, now=now), rng, n)
 
     def _bring_to(self, arms: np.ndarray | int, now: float) -> None:
         self.clock = max(self.clock, now)
