@@ -101,7 +101,7 @@ class ServiceProcess:
             )
         self.pid_file.write_text(str(self._proc.pid))
 
-    def wait_serving(self, timeout_s: float = 30.0) -> None:
+    def wait_serving(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
