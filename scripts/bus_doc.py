@@ -28,7 +28,7 @@ OUT = ROOT / "docs" / "bus.md"
 
 # Catalogue subject method -> (placeholder for its key, message type published on it).
 MESSAGE_TYPES: dict[str, tuple[str, str]] = {
-    "decision": ("<endpoint>", "flywheel.api.optimizer.v1.DecisionEvent"),
+    "decision": ("<endpoint>", "flywheel.api.optimizer.v1.DecisionBatch"),
     "feedback": ("<endpoint>", "flywheel.api.optimizer.v1.FeedbackEvent"),
     "traces": ("<agent>", "flywheel.api.traces.v1.SpanBatch"),
     "evaluation_request": ("<run_id>", "flywheel.api.evaluator.v1.EvaluationRequest"),

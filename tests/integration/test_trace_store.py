@@ -16,7 +16,7 @@ import pytest
 from minio import Minio
 
 from flywheel.api.common.v1.common_pb2 import DeadLetter, EventMeta, PageRequest
-from flywheel.api.optimizer.v1.events_pb2 import DecisionEvent, FeedbackEvent
+from flywheel.api.optimizer.v1.events_pb2 import DecisionBatch, DecisionEvent, FeedbackEvent
 from flywheel.api.subjects import Catalogue
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
@@ -284,14 +284,15 @@ async def test_decisions_and_feedback_join_and_erasure_removes_segments_and_inde
     catalogue = Catalogue(isolation["namespace"])
     js = nats_client.jetstream()
     decision = DecisionEvent(
-        meta=EventMeta(event_id="d-1"),
+        meta=EventMeta(event_id="dec-1"),
         decision_id="dec-1",
         endpoint="support-bot",
         arm_id="small",
         probability=0.5,
         user_id="u-9",
     )
-    await js.publish(catalogue.decision("support-bot"), decision.SerializeToString())
+    decisions = DecisionBatch(meta=EventMeta(event_id="batch-1"), decisions=[decision])
+    await js.publish(catalogue.decision("support-bot"), decisions.SerializeToString())
     fb = FeedbackEvent(meta=EventMeta(event_id="f-1"), decision_id="dec-1", endpoint="support-bot", reward=0.25)
     await js.publish(catalogue.feedback("support-bot"), fb.SerializeToString())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flywheel.api.optimizer.v1.events_pb2 import DecisionEvent, FeedbackEvent
+from flywheel.api.optimizer.v1.events_pb2 import DecisionBatch, FeedbackEvent
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import SpanBatch
@@ -15,7 +15,7 @@ from flywheel.core.lifecycle import ServiceParts
 from flywheel.trace_store import exports, segments
 from flywheel.trace_store.exports import Exporter
 from flywheel.trace_store.grpc_api import TraceStoreServicer
-from flywheel.trace_store.handlers import DecisionHandler, FeedbackHandler, SpanBatchHandler
+from flywheel.trace_store.handlers import DecisionBatchHandler, FeedbackHandler, SpanBatchHandler
 from flywheel.trace_store.ingest import SpanWriter
 from flywheel.trace_store.retention import Eraser, sweep_forever
 from flywheel.trace_store.segments import SegmentStore
@@ -51,7 +51,7 @@ async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
         )
     )
     for durable, message_type, handler in (
-        ("trace-store-decisions", DecisionEvent, DecisionHandler(database.sessions)),
+        ("trace-store-decisions", DecisionBatch, DecisionBatchHandler(database.sessions)),
         ("trace-store-feedback", FeedbackEvent, FeedbackHandler(database.sessions)),
     ):
         parts.consumers.append(

@@ -8,7 +8,7 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from flywheel.api.optimizer.v1.events_pb2 import DecisionEvent, FeedbackEvent
+from flywheel.api.optimizer.v1.events_pb2 import DecisionBatch, FeedbackEvent
 from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch
 from flywheel.core.bus.consumer import Delivery, Reject
 from flywheel.core.errors import InvalidArgument
@@ -21,25 +21,36 @@ def _time(ts: Timestamp) -> datetime:
     return ts.ToDatetime(tzinfo=UTC) if ts.seconds or ts.nanos else datetime.now(UTC)
 
 
-class DecisionHandler:
+class DecisionBatchHandler:
+    """Stores the valid decisions of a batch in one statement; if any is invalid (no id,
+    endpoint or arm), the message is dead-lettered after them, with the reason."""
+
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
-    async def __call__(self, event: DecisionEvent, delivery: Delivery) -> None:
-        try:
-            async with self._sessions() as session:
-                await service.record_decision(
-                    session,
-                    decision_id=event.decision_id,
-                    endpoint=event.endpoint,
-                    arm_id=event.arm_id,
-                    probability=event.probability,
-                    user_id=event.user_id,
-                    context=json_format.MessageToDict(event.context),
-                    decided_at=_time(event.meta.time),
-                )
-        except InvalidArgument as exc:
-            raise Reject(str(exc)) from None
+    async def __call__(self, batch: DecisionBatch, delivery: Delivery) -> None:
+        rows, invalid = [], []
+        for i, event in enumerate(batch.decisions):
+            if not event.decision_id or not event.endpoint or not event.arm_id:
+                invalid.append(i)
+                continue
+            rows.append(
+                {
+                    "decision_id": event.decision_id,
+                    "endpoint": event.endpoint,
+                    "arm_id": event.arm_id,
+                    "probability": event.probability,
+                    "user_id": event.user_id,
+                    "context": json_format.MessageToDict(event.context),
+                    "decided_at": _time(event.meta.time),
+                }
+            )
+        async with self._sessions() as session:
+            await service.record_decisions(session, rows)
+        if invalid:
+            raise Reject(
+                f"decisions {invalid} of the batch lack decision_id, endpoint or arm_id; the others were stored"
+            )
 
 
 class FeedbackHandler:

@@ -13,36 +13,26 @@ from flywheel.core.errors import InvalidArgument, NotFound
 from flywheel.trace_store.models import DecisionLogRow, FeedbackLogRow
 
 
-async def record_decision(
-    session: AsyncSession,
-    *,
-    decision_id: str,
-    endpoint: str,
-    arm_id: str,
-    probability: float,
-    user_id: str,
-    context: dict[str, Any],
-    decided_at: datetime,
-) -> bool:
-    """Store a decision once; returns False when it was already recorded."""
-    if not decision_id or not endpoint or not arm_id:
-        raise InvalidArgument("decision needs decision_id, endpoint and arm_id")
+async def record_decisions(session: AsyncSession, decisions: list[dict[str, Any]]) -> int:
+    """Store each decision once, in one statement; returns how many were new.
+
+    Each item has the columns of ``decision_log`` (decision_id, endpoint, arm_id, probability,
+    user_id, context, decided_at); an item without decision_id, endpoint or arm_id is refused
+    before anything is written.
+    """
+    for i, d in enumerate(decisions):
+        if not d.get("decision_id") or not d.get("endpoint") or not d.get("arm_id"):
+            raise InvalidArgument(f"decision {i} needs decision_id, endpoint and arm_id")
+    if not decisions:
+        return 0
     result = await session.execute(
         insert(DecisionLogRow)
-        .values(
-            decision_id=decision_id,
-            endpoint=endpoint,
-            arm_id=arm_id,
-            probability=probability,
-            user_id=user_id,
-            context=context,
-            decided_at=decided_at,
-        )
+        .values(decisions)
         .on_conflict_do_nothing(index_elements=["decision_id"])
         .returning(DecisionLogRow.decision_id)
     )
     await session.commit()
-    return result.first() is not None
+    return len(result.all())
 
 
 async def record_feedback(

@@ -27,7 +27,7 @@ from flywheel.api.optimizer.v1 import runs_pb2 as flywheel_dot_api_dot_optimizer
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&flywheel/api/optimizer/v1/events.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a#flywheel/api/common/v1/common.proto\x1a$flywheel/api/optimizer/v1/runs.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x84\x02\n\rDecisionEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x04 \x01(\t\x12\'\n\x06params\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bprobability\x18\x06 \x01(\x01\x12\x0f\n\x07user_id\x18\x07 \x01(\t\x12(\n\x07\x63ontext\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nsession_id\x18\t \x01(\t\"\xff\x01\n\rFeedbackEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x46\n\x07signals\x18\x04 \x03(\x0b\x32\x35.flywheel.api.optimizer.v1.FeedbackEvent.SignalsEntry\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_reward\"}\n\x10RunProgressEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x38\n\x08progress\x18\x02 \x01(\x0b\x32&.flywheel.api.optimizer.v1.RunProgressb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&flywheel/api/optimizer/v1/events.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a#flywheel/api/common/v1/common.proto\x1a$flywheel/api/optimizer/v1/runs.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x84\x02\n\rDecisionEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x04 \x01(\t\x12\'\n\x06params\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bprobability\x18\x06 \x01(\x01\x12\x0f\n\x07user_id\x18\x07 \x01(\t\x12(\n\x07\x63ontext\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nsession_id\x18\t \x01(\t\"}\n\rDecisionBatch\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12;\n\tdecisions\x18\x02 \x03(\x0b\x32(.flywheel.api.optimizer.v1.DecisionEvent\"\xff\x01\n\rFeedbackEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x46\n\x07signals\x18\x04 \x03(\x0b\x32\x35.flywheel.api.optimizer.v1.FeedbackEvent.SignalsEntry\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_reward\"}\n\x10RunProgressEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x38\n\x08progress\x18\x02 \x01(\x0b\x32&.flywheel.api.optimizer.v1.RunProgressb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,10 +38,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_options = b'8\001'
   _globals['_DECISIONEVENT']._serialized_start=175
   _globals['_DECISIONEVENT']._serialized_end=435
-  _globals['_FEEDBACKEVENT']._serialized_start=438
-  _globals['_FEEDBACKEVENT']._serialized_end=693
-  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_start=636
-  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_end=682
-  _globals['_RUNPROGRESSEVENT']._serialized_start=695
-  _globals['_RUNPROGRESSEVENT']._serialized_end=820
+  _globals['_DECISIONBATCH']._serialized_start=437
+  _globals['_DECISIONBATCH']._serialized_end=562
+  _globals['_FEEDBACKEVENT']._serialized_start=565
+  _globals['_FEEDBACKEVENT']._serialized_end=820
+  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_start=763
+  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_end=809
+  _globals['_RUNPROGRESSEVENT']._serialized_start=822
+  _globals['_RUNPROGRESSEVENT']._serialized_end=947
 # @@protoc_insertion_point(module_scope)

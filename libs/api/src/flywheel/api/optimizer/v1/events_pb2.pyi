@@ -23,7 +23,9 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class DecisionEvent(_message.Message):
-    """Published on flywheel.optimizer.decision.<endpoint> for every Select."""
+    """One Select decision, with the probability the policy had of choosing its arm. Decisions
+    travel in DecisionBatch messages, never alone.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -69,6 +71,36 @@ class DecisionEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DecisionEvent: _TypeAlias = DecisionEvent  # noqa: Y015
+
+@_typing.final
+class DecisionBatch(_message.Message):
+    """Published on flywheel.optimizer.decision.<endpoint>: the decisions one optimizer replica
+    made for the endpoint since its last flush (every 20 ms, or sooner when 1000 are waiting),
+    in the order it made them. meta.event_id names the batch (JetStream's dedup id), so a batch
+    the optimizer retries after a failure is stored once; each decision_id is unique anyway.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> _common_pb2.EventMeta: ...
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DecisionEvent]: ...
+    def __init__(
+        self,
+        *,
+        meta: _common_pb2.EventMeta | None = ...,
+        decisions: _abc.Iterable[Global___DecisionEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecisionBatch: _TypeAlias = DecisionBatch  # noqa: Y015
 
 @_typing.final
 class FeedbackEvent(_message.Message):
