@@ -74,9 +74,8 @@ FIT_SELECTS = 300
 
 GOALS = {"flywheel_vs_grpc_echo": 0.85, "flywheel_vs_mabwiser": 1.1, "flywheel_vs_convergence": 2.0}
 TARGETS = ("flywheel", "grpc_echo_aio", "grpc_echo_sync", "mabwiser", "convergence")
-# The optimizer's gRPC server flavour: grpc.aio today. Should it gain a sync option
-# (bench/select/proposed/4-sync-grpc-server.diff), FLYWHEEL_OPTIMIZER_GRPC_SERVER=sync selects it,
-# and the goal's echo and MABWiser's server follow (the like-for-like comparison).
+# The optimizer's gRPC server: grpc.aio by default; FLYWHEEL_OPTIMIZER_GRPC_SERVER=sync runs it on
+# grpcio's thread-pool server, and the goal's echo and MABWiser's server follow (like for like).
 FLAVOUR = os.environ.get("FLYWHEEL_OPTIMIZER_GRPC_SERVER", "aio")
 OTHER_FLAVOUR = "sync" if FLAVOUR == "aio" else "aio"
 RATIO_PEERS = {
@@ -501,6 +500,20 @@ def measure(target: Target, key: str, run: Callable[[], H2Result]) -> Phase:
     )
 
 
+def settled_counts(target: Target, timeout_s: float = 10.0) -> dict[str, int]:
+    """The server's counts once they stop moving: a thread-pool server finishes the calls it had
+    queued after h2load has gone (an asyncio server cancels them), and each still logs its
+    decisions, so counting any earlier would make the log look bigger than the decisions made."""
+    last, deadline = target.counts(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = target.counts()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def percentiles(lat_us: np.ndarray) -> dict[str, float]:
     if lat_us is None or lat_us.size == 0:
         return {}
@@ -574,7 +587,7 @@ def run_target(target: Target, h2: H2load, p: Params, latency_rate: float | None
             "server_cpu_util": batch.server_cpu_util,
             "check": batch.check(f"{target.name} SelectBatch", p.batch_clients * p.batch_streams),
         }
-        final = target.counts()
+        final = settled_counts(target)
         out["decisions_made"] = final["select"] + final["select_batch"] * BATCH  # since the process started
         out["cpu_us_per_select"] = 1e6 * phase.server_cpu_util / phase.h2.rps
     finally:

@@ -35,8 +35,13 @@ async def expect(call, code: grpc.StatusCode, words: str) -> None:
     assert words in info.value.details()
 
 
-async def test_bad_requests_get_clear_errors(launch):
-    optimizer = launch("optimizer")
+# Both gRPC servers the optimizer can run (FLYWHEEL_OPTIMIZER_GRPC_SERVER): the same contract.
+SERVERS = pytest.mark.parametrize("server", ["aio", "sync"])
+
+
+@SERVERS
+async def test_bad_requests_get_clear_errors(launch, server):
+    optimizer = launch("optimizer", env={"FLYWHEEL_OPTIMIZER_GRPC_SERVER": server})
     async with grpc.aio.insecure_channel(optimizer.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
         sel = sel_grpc.SelectionServiceStub(channel)
@@ -93,8 +98,11 @@ async def test_bad_requests_get_clear_errors(launch):
             assert (await sel.Select(sel_pb.SelectRequest(endpoint="bot"))).arm_id == "creative"
 
 
-async def test_bearer_token_is_required_except_for_health(launch):
-    optimizer = launch("optimizer", env={"FLYWHEEL_OPTIMIZER_AUTH_TOKEN": "s3cret-token"})
+@SERVERS
+async def test_bearer_token_is_required_except_for_health(launch, server):
+    optimizer = launch(
+        "optimizer", env={"FLYWHEEL_OPTIMIZER_AUTH_TOKEN": "s3cret-token", "FLYWHEEL_OPTIMIZER_GRPC_SERVER": server}
+    )
     async with grpc.aio.insecure_channel(optimizer.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
         await expect(
@@ -102,6 +110,11 @@ async def test_bearer_token_is_required_except_for_health(launch):
         )
         await expect(
             admin.ListEndpoints(admin_pb.ListEndpointsRequest(), metadata=(("authorization", "Bearer no"),)),
+            grpc.StatusCode.UNAUTHENTICATED,
+            "bearer token",
+        )
+        await expect(  # the hot path too (on the sync server, a different wrapper)
+            sel_grpc.SelectionServiceStub(channel).Select(sel_pb.SelectRequest(endpoint="bot")),
             grpc.StatusCode.UNAUTHENTICATED,
             "bearer token",
         )
@@ -114,8 +127,9 @@ async def test_bearer_token_is_required_except_for_health(launch):
     assert "s3cret-token" not in optimizer.log_file.read_text()
 
 
-async def test_reflection_lists_the_services(launch):
-    optimizer = launch("optimizer")
+@SERVERS
+async def test_reflection_lists_the_services(launch, server):
+    optimizer = launch("optimizer", env={"FLYWHEEL_OPTIMIZER_GRPC_SERVER": server})
     async with grpc.aio.insecure_channel(optimizer.address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))

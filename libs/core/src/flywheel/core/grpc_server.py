@@ -4,9 +4,14 @@ health and reflection services."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import inspect
+import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -30,12 +35,19 @@ class _Guard:
     not per call by a grpc.aio interceptor: an interceptor costs an extra coroutine and a new
     handler object on every call, the hot path's most expensive Python after grpc itself."""
 
-    def __init__(self, auth_token: str | None) -> None:
+    def __init__(
+        self, auth_token: str | None, loop: asyncio.AbstractEventLoop | None = None, max_streams: int = 4
+    ) -> None:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self._loop = loop  # set for the sync server: where async servicer methods run
+        self._max_streams = max_streams
+        self._streams = threading.BoundedSemaphore(max_streams)
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
         if handler is None or method.startswith(_UNAUTHENTICATED_PREFIXES):
             return handler
+        if self._loop is not None:
+            return self._wrap_for_sync_server(method, handler, self._loop)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(handler.unary_unary, method),
@@ -110,6 +122,118 @@ class _Guard:
 
         return wrapper
 
+    def _wrap_for_sync_server(
+        self, method: str, handler: grpc.RpcMethodHandler, loop: asyncio.AbstractEventLoop
+    ) -> grpc.RpcMethodHandler:
+        kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+        if handler.unary_unary:
+            fn = handler.unary_unary
+            twin = getattr(getattr(fn, "__self__", None), f"{getattr(fn, '__name__', '')}_sync", None)
+            if twin is not None or not inspect.iscoroutinefunction(fn):
+                return grpc.unary_unary_rpc_method_handler(self._wrap_unary_sync(twin or fn, method), **kw)
+            guarded = self._wrap_unary(fn, method)
+
+            def bridged(request: Any, context: grpc.ServicerContext) -> Any:
+                return _on_loop(guarded(request, _AioContext(context)), loop, context)
+
+            return grpc.unary_unary_rpc_method_handler(bridged, **kw)
+        if handler.unary_stream:
+            guarded_stream = self._wrap_stream(handler.unary_stream, method)
+
+            def bridged_stream(request: Any, context: grpc.ServicerContext) -> Any:
+                # A stream holds a worker thread for as long as it lasts: past the cap, refuse it
+                # rather than let watchers take every thread Select needs.
+                if not self._streams.acquire(blocking=False):
+                    RPC_TOTAL.labels(method, "RESOURCE_EXHAUSTED").inc()
+                    context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"{self._max_streams} streams are open, the most this server takes (grpc_workers / 2)",
+                    )
+                try:
+                    items = guarded_stream(request, _AioContext(context))
+                    waiting: list[Future[Any]] = []  # the next item's future, cancelled if the call ends
+                    context.add_callback(lambda: waiting and waiting[-1].cancel())
+                    while True:
+                        waiting[:] = [asyncio.run_coroutine_threadsafe(items.__anext__(), loop)]
+                        try:
+                            yield waiting[-1].result()
+                        except StopAsyncIteration:
+                            return
+                finally:
+                    self._streams.release()
+
+            return grpc.unary_stream_rpc_method_handler(bridged_stream, **kw)
+        raise NotImplementedError(f"{method}: client-streaming methods need grpc_server=aio")
+
+    def _wrap_unary_sync(self, fn: Any, method: str) -> Any:
+        ok = RPC_TOTAL.labels(method, "OK")
+        seconds = RPC_SECONDS.labels(method)
+
+        def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
+            if not self._authorized(context):  # type: ignore[arg-type]
+                RPC_TOTAL.labels(method, "UNAUTHENTICATED").inc()
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            started = time.perf_counter()
+            with bound(rpc=method):
+                try:
+                    response = fn(request, context)
+                except ServiceError as exc:
+                    RPC_TOTAL.labels(method, exc.code.name).inc()
+                    context.abort(exc.code, str(exc))
+                ok.inc()
+                seconds.observe(time.perf_counter() - started)
+                return response
+
+        return wrapper
+
+
+def _on_loop(coro: Any, loop: asyncio.AbstractEventLoop, context: grpc.ServicerContext) -> Any:
+    """Run ``coro`` on the event loop and wait for it in this worker thread; when the call ends
+    first (the client cancelled, or its deadline passed), the coroutine is cancelled too."""
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    context.add_callback(future.cancel)
+    return future.result()
+
+
+class _AioContext:
+    """A sync server's context, with the awaitable ``abort`` async servicers call."""
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._context = context
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._context.abort(code, details)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+class _SyncServer:
+    """grpc.server with the awaitable start/stop that ``lifecycle.serve`` uses."""
+
+    def __init__(self, server: grpc.Server) -> None:
+        self._server = server
+
+    async def start(self) -> None:
+        self._server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        done = self._server.stop(grace)
+        await asyncio.to_thread(done.wait)
+
+
+class _SyncHealth:
+    """The sync health servicer, with the awaitable methods ``Readiness`` calls."""
+
+    def __init__(self) -> None:
+        self.servicer = health.HealthServicer()
+
+    async def set(self, service: str, status: int) -> None:
+        self.servicer.set(service, status)
+
+    async def enter_graceful_shutdown(self) -> None:
+        self.servicer.enter_graceful_shutdown()
+
 
 class _GuardedGenericHandler(grpc.GenericRpcHandler):
     """A servicer's generic handler with each method's handler wrapped once (cached)."""
@@ -170,12 +294,25 @@ def build_server(
     Returns the server (not started), its health servicer and the bound port.
     """
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 32 * 1024 * 1024)])
-    registrar = _Registrar(server, _Guard(token))
+    options = [("grpc.max_receive_message_length", 32 * 1024 * 1024)]
+    sync = settings.grpc_server == "sync"
+    server: Any
+    if sync:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.grpc_workers), options=options)
+        guard = _Guard(token, asyncio.get_running_loop(), max_streams=max(1, settings.grpc_workers // 2))
+    else:
+        server = grpc.aio.server(options=options)
+        guard = _Guard(token)
+    registrar = _Registrar(server, guard)
     for add, servicer, _ in servicers:
         add(servicer, registrar)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_servicer: Any
+    if sync:
+        health_servicer = _SyncHealth()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer.servicer, server)
+    else:
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [name for _, _, name in servicers]
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
@@ -183,4 +320,4 @@ def build_server(
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     creds = _credentials(settings)
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    return server, health_servicer, port
+    return (_SyncServer(server) if sync else server), health_servicer, port

@@ -111,6 +111,10 @@ class ServiceSettings(BaseSettings):
 
     grpc_host: str = "0.0.0.0"
     grpc_port: int = Field(50051, ge=0, le=65535)
+    # "sync": grpcio's thread-pool server (unary and server-streaming methods only); async
+    # servicer methods run on the event loop, a servicer's ``<Method>_sync`` twin in the worker.
+    grpc_server: Literal["aio", "sync"] = "aio"
+    grpc_workers: int = Field(8, ge=1, le=256)
     # Prometheus /metrics (9090, the usual scrape port); 0 disables.
     metrics_port: int = Field(9090, ge=0, le=65535)
     # Time in-flight RPCs and events get to finish after SIGTERM.

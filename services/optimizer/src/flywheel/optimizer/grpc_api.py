@@ -3,6 +3,7 @@ off-policy evaluation. Each method validates, calls the domain layer, converts."
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from datetime import UTC, timedelta
@@ -47,6 +48,33 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         self._log = log
         self._cache = cache
         self._window = feedback_window
+        self._loop = asyncio.get_running_loop()
+
+    def _select_sync(self, r: sel_pb.SelectRequest) -> Decision:
+        """For the sync server's worker threads: decide here when no await is needed, else on the loop."""
+        has_context = r.HasField("context")
+        decision = self._selector.select_now(
+            endpoint=r.endpoint,
+            user_id=r.user_id,
+            session_id=r.session_id,
+            context=from_struct(r.context) if has_context else {},
+            context_struct=r.context if has_context else None,
+        )
+        if decision is None:
+            decision = asyncio.run_coroutine_threadsafe(self._select(r), self._loop).result()
+        return decision
+
+    def Select_sync(self, request: sel_pb.SelectRequest, context: grpc.ServicerContext) -> sel_pb.SelectResponse:
+        return _response(self._select_sync(request))
+
+    def SelectBatch_sync(
+        self, request: sel_pb.SelectBatchRequest, context: grpc.ServicerContext
+    ) -> sel_pb.SelectBatchResponse:
+        if not request.requests:
+            raise InvalidArgument("SelectBatch needs at least one request")
+        if len(request.requests) > MAX_BATCH:
+            raise InvalidArgument(f"SelectBatch takes at most {MAX_BATCH} requests, got {len(request.requests)}")
+        return sel_pb.SelectBatchResponse(decisions=[_response(self._select_sync(r)) for r in request.requests])
 
     async def _select(self, r: sel_pb.SelectRequest) -> Decision:
         has_context = r.HasField("context")

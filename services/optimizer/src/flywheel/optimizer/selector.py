@@ -127,6 +127,28 @@ class Selector:
             self._sticky.remember(endpoint, session_id, decision.arm_id, time.time())
         return decision
 
+    def select_now(
+        self,
+        *,
+        endpoint: str,
+        user_id: str = "",
+        session_id: str = "",
+        context: dict[str, Any] | None = None,
+        context_struct: Struct | None = None,
+    ) -> Decision | None:
+        """The decision without awaiting, when the cached snapshot's own distribution is the one to
+        sample (no segment, session or context features involved); None means: use ``select``."""
+        snap = self._cache.cached(endpoint) if endpoint else None
+        if snap is None:
+            return None
+        policy = snap.policy
+        if policy.kind == LINEAR or policy.segment_key or (policy.sticky_sessions and session_id):
+            return None
+        cdf = snap.cdf
+        index = min(bisect.bisect_right(cdf, self._uniform() * cdf[-1]), len(cdf) - 1)
+        probability = float(snap.probabilities[index])
+        return self._decide(snap, index, probability, user_id, session_id, context or {}, context_struct)
+
     def _decide(
         self,
         snap: EndpointSnapshot,
