@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import inspect
+import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -149,17 +149,24 @@ class _Guard:
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"{self._max_streams} streams are open, the most this server takes (grpc_workers / 2)",
                     )
+                # One task iterates the async generator (its log context spans its yields, so it
+                # must stay in one task) and hands each item to this thread through a queue.
+                items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+                async def pump() -> None:
+                    async for item in guarded_stream(request, _AioContext(context)):
+                        items.put(item)
+
+                future = asyncio.run_coroutine_threadsafe(pump(), loop)
+                future.add_done_callback(items.put)  # however it ends (even cancelled before it began)
+                context.add_callback(future.cancel)  # the call ended (cancelled, deadline): stop the task
                 try:
-                    items = guarded_stream(request, _AioContext(context))
-                    waiting: list[Future[Any]] = []  # the next item's future, cancelled if the call ends
-                    context.add_callback(lambda: waiting and waiting[-1].cancel())
-                    while True:
-                        waiting[:] = [asyncio.run_coroutine_threadsafe(items.__anext__(), loop)]
-                        try:
-                            yield waiting[-1].result()
-                        except StopAsyncIteration:
-                            return
+                    while (item := items.get()) is not future:
+                        yield item
+                    if not future.cancelled() and future.exception() is not None:
+                        raise future.exception()  # type: ignore[misc]
                 finally:
+                    future.cancel()
                     self._streams.release()
 
             return grpc.unary_stream_rpc_method_handler(bridged_stream, **kw)
