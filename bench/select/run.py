@@ -52,6 +52,7 @@ from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_g
 from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
+from flywheel.optimizer.settings import OptimizerSettings
 from flywheel.stack.servers import free_port
 from flywheel.stack.services import ServiceProcess, migrate
 from flywheel.stack.stack import Servers
@@ -74,9 +75,9 @@ FIT_SELECTS = 300
 
 GOALS = {"flywheel_vs_grpc_echo": 0.85, "flywheel_vs_mabwiser": 1.1, "flywheel_vs_convergence": 2.0}
 TARGETS = ("flywheel", "grpc_echo_aio", "grpc_echo_sync", "mabwiser", "convergence")
-# The optimizer's gRPC server: grpc.aio by default; FLYWHEEL_OPTIMIZER_GRPC_SERVER=sync runs it on
-# grpcio's thread-pool server, and the goal's echo and MABWiser's server follow (like for like).
-FLAVOUR = os.environ.get("FLYWHEEL_OPTIMIZER_GRPC_SERVER", "aio")
+# The optimizer's gRPC server: its default (grpcio's thread-pool server) unless
+# FLYWHEEL_OPTIMIZER_GRPC_SERVER says otherwise; the goal's echo and MABWiser's server follow it.
+FLAVOUR = os.environ.get("FLYWHEEL_OPTIMIZER_GRPC_SERVER", OptimizerSettings.model_fields["grpc_server"].default)
 OTHER_FLAVOUR = "sync" if FLAVOUR == "aio" else "aio"
 RATIO_PEERS = {
     "flywheel_vs_grpc_echo": f"grpc_echo_{FLAVOUR}",
