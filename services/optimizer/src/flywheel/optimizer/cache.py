@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 from sqlalchemy import select
@@ -41,6 +42,8 @@ class PosteriorCache:
         self._segments: OrderedDict[tuple[str, str], tuple[float, Stats]] = OrderedDict()
         self._max_segments = max_segments
         self._rng = np.random.default_rng()
+        # What each snapshot was built from: a refresh that reads the same again keeps it.
+        self._built_from: dict[str, tuple[Any, ...]] = {}
 
     def snapshots(self) -> list[EndpointSnapshot]:
         return list(self._snapshots.values())
@@ -96,6 +99,7 @@ class PosteriorCache:
             built = await self._build(session, rows)
         self._snapshots = built
         self._read_at = dict.fromkeys(built, started)
+        self._built_from = {name: inputs for name, inputs in self._built_from.items() if name in built}
 
     async def run(self) -> None:
         """Refresh forever (a background task of the service)."""
@@ -147,5 +151,29 @@ class PosteriorCache:
             snap_policy = snapshot.PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
             d = len(snap_policy.context_features) if snap_policy.kind == LINEAR else 0
             agg = stats.aggregate(snap_policy, [a.arm_id for a in ep_arms], rows_by_endpoint[row.name], now, d)
-            out[row.name] = snapshot.build(row=row, arms=ep_arms, stats=agg, now=now, rng=self._rng)
+            inputs = snapshot_inputs(row, ep_arms, agg)
+            previous = self._snapshots.get(row.name)
+            if previous is not None and self._built_from.get(row.name) == inputs:
+                # Nothing changed since it was built (an idle endpoint): keep it rather than draw
+                # its posteriors again, the bulk of a refresh's CPU when endpoints are many.
+                out[row.name] = previous
+            else:
+                out[row.name] = snapshot.build(row=row, arms=ep_arms, stats=agg, now=now, rng=self._rng)
+                self._built_from[row.name] = inputs
         return out
+
+
+def snapshot_inputs(row: Any, arms: list[Any], agg: Stats) -> tuple[Any, ...]:
+    """Everything ``snapshot.build`` reads, in a form that compares by value. A discounted
+    endpoint's statistics decay with time, so its inputs differ on every refresh."""
+    arrays = (agg.w, agg.s, agg.ss, agg.xtx, agg.xty)
+    return (
+        row.description,
+        row.policy_kind,
+        row.policy,
+        row.reward_spec,
+        row.incumbent_arm_id,
+        row.created_at,
+        tuple((a.arm_id, a.status, a.traffic_cap, a.pulls, a.reward_sum, a.params) for a in arms),
+        tuple(None if x is None else (x.shape, x.tobytes()) for x in arrays),
+    )
