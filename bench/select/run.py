@@ -501,6 +501,20 @@ def measure(target: Target, key: str, run: Callable[[], H2Result]) -> Phase:
     )
 
 
+def start_stack(servers: Servers, namespace: str, schema: str) -> dict[str, str]:
+    """Start NATS, PostgreSQL and S3 pinned to the load generator's core, migrate the
+    optimizer's schema, and return the optimizer's environment (quiet logs)."""
+    with affinity({LOADGEN_CPU}):
+        servers.start()
+    for server in servers.all():
+        if server.pid:
+            pin_tree(server.pid, {LOADGEN_CPU})
+    env = servers.env(namespace=namespace, schema=schema, bucket_prefix=namespace)
+    env["FLYWHEEL_OPTIMIZER_LOG_LEVEL"] = "WARNING"
+    migrate("optimizer", env)
+    return env
+
+
 def settled_counts(target: Target, timeout_s: float = 10.0) -> dict[str, int]:
     """The server's counts once they stop moving: a thread-pool server finishes the calls it had
     queued after h2load has gone (an asyncio server cancels them), and each still logs its
@@ -687,15 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict[str, dict[str, Any]]] = []
     try:
         print(f"starting NATS, PostgreSQL and S3 on core {LOADGEN_CPU} ...", file=sys.stderr)
-        with affinity({LOADGEN_CPU}):
-            servers.start()
-        for server in servers.all():
-            if server.pid:
-                pin_tree(server.pid, {LOADGEN_CPU})
         schema = "bench_select"
-        env = servers.env(namespace="bsel", schema=schema, bucket_prefix="bsel")
-        env["FLYWHEEL_OPTIMIZER_LOG_LEVEL"] = "WARNING"
-        migrate("optimizer", env)
+        env = start_stack(servers, "bsel", schema)
         h2 = H2load(h2load_bin, work)
         flywheel = FlywheelTarget(work, env)
         make: dict[str, Callable[[], Target]] = {

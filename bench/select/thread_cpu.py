@@ -26,7 +26,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as bench  # noqa: E402  (bench/select/run.py: the stack, targets and h2load driver)
 
-from flywheel.stack.services import migrate  # noqa: E402
 from flywheel.stack.stack import Servers  # noqa: E402
 
 
@@ -56,14 +55,7 @@ def main() -> int:
     servers = Servers.create(work / "stack")
     target = None
     try:
-        with bench.affinity({bench.LOADGEN_CPU}):
-            servers.start()
-        for server in servers.all():
-            if server.pid:
-                bench.pin_tree(server.pid, {bench.LOADGEN_CPU})
-        env = servers.env(namespace="bcpu", schema="bench_cpu", bucket_prefix="bcpu")
-        env["FLYWHEEL_OPTIMIZER_LOG_LEVEL"] = "WARNING"
-        migrate("optimizer", env)
+        env = bench.start_stack(servers, "bcpu", "bench_cpu")
         h2 = bench.H2load(bench.ensure_h2load(), work)
         target = bench.FlywheelTarget(work, env)
         target.start()

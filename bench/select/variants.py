@@ -101,14 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, float]]] = {}
     try:
         stages = build_stages(work / "stages", diffs)
-        with R.affinity({R.LOADGEN_CPU}):
-            servers.start()
-        for server in servers.all():
-            if server.pid:
-                R.pin_tree(server.pid, {R.LOADGEN_CPU})
-        env = servers.env(namespace="bvar", schema="bench_variants", bucket_prefix="bvar")
-        env["FLYWHEEL_OPTIMIZER_LOG_LEVEL"] = "WARNING"
-        R.migrate("optimizer", env)
+        env = R.start_stack(servers, "bvar", "bench_variants")
         h2 = R.H2load(h2load_bin, work)
         makers: list[tuple[str, Any]] = [("optimizer (as is)", lambda: Variant(work, env, "optimizer (as is)", None))]
         for name, overlay, extra in stages:

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, timedelta
+from typing import Any
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -27,6 +28,25 @@ from flywheel.optimizer.selector import Selector
 from flywheel.optimizer.spec import RETIRED
 
 MAX_BATCH = 1000
+
+
+def _select_args(r: sel_pb.SelectRequest) -> dict[str, Any]:
+    """Selector keyword arguments from a request (its context both as a dict and as the Struct)."""
+    has_context = r.HasField("context")
+    return {
+        "endpoint": r.endpoint,
+        "user_id": r.user_id,
+        "session_id": r.session_id,
+        "context": from_struct(r.context) if has_context else {},
+        "context_struct": r.context if has_context else None,
+    }
+
+
+def _check_batch(request: sel_pb.SelectBatchRequest) -> None:
+    if not request.requests:
+        raise InvalidArgument("SelectBatch needs at least one request")
+    if len(request.requests) > MAX_BATCH:
+        raise InvalidArgument(f"SelectBatch takes at most {MAX_BATCH} requests, got {len(request.requests)}")
 
 
 def _response(d: Decision) -> sel_pb.SelectResponse:
@@ -52,16 +72,10 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
 
     def _select_sync(self, r: sel_pb.SelectRequest) -> Decision:
         """For the sync server's worker threads: decide here when no await is needed, else on the loop."""
-        has_context = r.HasField("context")
-        decision = self._selector.select_now(
-            endpoint=r.endpoint,
-            user_id=r.user_id,
-            session_id=r.session_id,
-            context=from_struct(r.context) if has_context else {},
-            context_struct=r.context if has_context else None,
-        )
+        args = _select_args(r)
+        decision = self._selector.select_now(**args)
         if decision is None:
-            decision = asyncio.run_coroutine_threadsafe(self._select(r), self._loop).result()
+            decision = asyncio.run_coroutine_threadsafe(self._selector.select(**args), self._loop).result()
         return decision
 
     def Select_sync(self, request: sel_pb.SelectRequest, context: grpc.ServicerContext) -> sel_pb.SelectResponse:
@@ -70,21 +84,11 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
     def SelectBatch_sync(
         self, request: sel_pb.SelectBatchRequest, context: grpc.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
-        if not request.requests:
-            raise InvalidArgument("SelectBatch needs at least one request")
-        if len(request.requests) > MAX_BATCH:
-            raise InvalidArgument(f"SelectBatch takes at most {MAX_BATCH} requests, got {len(request.requests)}")
+        _check_batch(request)
         return sel_pb.SelectBatchResponse(decisions=[_response(self._select_sync(r)) for r in request.requests])
 
     async def _select(self, r: sel_pb.SelectRequest) -> Decision:
-        has_context = r.HasField("context")
-        return await self._selector.select(
-            endpoint=r.endpoint,
-            user_id=r.user_id,
-            session_id=r.session_id,
-            context=from_struct(r.context) if has_context else {},
-            context_struct=r.context if has_context else None,
-        )
+        return await self._selector.select(**_select_args(r))
 
     async def Select(self, request: sel_pb.SelectRequest, context: grpc.aio.ServicerContext) -> sel_pb.SelectResponse:
         return _response(await self._select(request))
@@ -92,10 +96,7 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
     async def SelectBatch(
         self, request: sel_pb.SelectBatchRequest, context: grpc.aio.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
-        if not request.requests:
-            raise InvalidArgument("SelectBatch needs at least one request")
-        if len(request.requests) > MAX_BATCH:
-            raise InvalidArgument(f"SelectBatch takes at most {MAX_BATCH} requests, got {len(request.requests)}")
+        _check_batch(request)
         return sel_pb.SelectBatchResponse(decisions=[_response(await self._select(r)) for r in request.requests])
 
     async def Update(self, request: sel_pb.UpdateRequest, context: grpc.aio.ServicerContext) -> sel_pb.UpdateResponse:

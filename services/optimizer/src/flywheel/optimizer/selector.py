@@ -113,10 +113,8 @@ class Selector:
             p = snap.probabilities_for(await self._cache.segment_stats(snap, segment), self._rng, m=1000)
         else:
             p = None
-        if p is None:  # the snapshot's own distribution: one uniform draw, bisect on its cdf
-            cdf = snap.cdf
-            index = min(bisect.bisect_right(cdf, self._uniform() * cdf[-1]), len(cdf) - 1)
-            probability = float(snap.probabilities[index])
+        if p is None:
+            index, probability = self._sample_snapshot(snap)
         else:
             index = selection.sample(p, self._rng)
             probability = float(p[index])
@@ -144,10 +142,14 @@ class Selector:
         policy = snap.policy
         if policy.kind == LINEAR or policy.segment_key or (policy.sticky_sessions and session_id):
             return None
+        index, probability = self._sample_snapshot(snap)
+        return self._decide(snap, index, probability, user_id, session_id, context or {}, context_struct)
+
+    def _sample_snapshot(self, snap: EndpointSnapshot) -> tuple[int, float]:
+        """An arm from the snapshot's own distribution (one uniform draw, bisect on its cdf)."""
         cdf = snap.cdf
         index = min(bisect.bisect_right(cdf, self._uniform() * cdf[-1]), len(cdf) - 1)
-        probability = float(snap.probabilities[index])
-        return self._decide(snap, index, probability, user_id, session_id, context or {}, context_struct)
+        return index, float(snap.probabilities[index])
 
     def _decide(
         self,
