@@ -49,6 +49,16 @@ async def test_an_unchanged_endpoint_keeps_its_snapshot_and_a_change_rebuilds_it
         assert rebuilt is not bot and cache.cached("other") is other
         assert rebuilt.stats.w[rebuilt.arm_ids.index("small")] == 1
 
+        # A refresh that read before a concurrent load can put an older snapshot back; the next
+        # read of the same rows must give the snapshot built from them, not keep the older one.
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE arm_stats SET w = w + 1 WHERE endpoint = 'bot'"))
+        newer = await cache.load("bot")
+        cache._snapshots["bot"] = rebuilt  # what the slower refresh leaves behind
+        await cache.refresh()
+        assert cache.cached("bot") is newer and newer.stats.w[newer.arm_ids.index("small")] == 2
+        rebuilt = newer
+
         # A new arm is a change too.
         async with sessions() as session:
             await service.add_arm(session, endpoint="other", arm=ArmSpec(arm_id="extra", params={"model": "x"}))

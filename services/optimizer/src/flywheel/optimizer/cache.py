@@ -42,8 +42,10 @@ class PosteriorCache:
         self._segments: OrderedDict[tuple[str, str], tuple[float, Stats]] = OrderedDict()
         self._max_segments = max_segments
         self._rng = np.random.default_rng()
-        # What each snapshot was built from: a refresh that reads the same again keeps it.
-        self._built_from: dict[str, tuple[Any, ...]] = {}
+        # The last snapshot built for each endpoint, with what it was built from: a read that
+        # finds the same inputs again reuses that snapshot. (Not whatever ``_snapshots`` holds:
+        # a refresh that read before a concurrent load may have put an older one back there.)
+        self._built: dict[str, tuple[tuple[Any, ...], EndpointSnapshot]] = {}
 
     def snapshots(self) -> list[EndpointSnapshot]:
         return list(self._snapshots.values())
@@ -99,7 +101,7 @@ class PosteriorCache:
             built = await self._build(session, rows)
         self._snapshots = built
         self._read_at = dict.fromkeys(built, started)
-        self._built_from = {name: inputs for name, inputs in self._built_from.items() if name in built}
+        self._built = {name: last for name, last in self._built.items() if name in built}
 
     async def run(self) -> None:
         """Refresh forever (a background task of the service)."""
@@ -152,14 +154,14 @@ class PosteriorCache:
             d = len(snap_policy.context_features) if snap_policy.kind == LINEAR else 0
             agg = stats.aggregate(snap_policy, [a.arm_id for a in ep_arms], rows_by_endpoint[row.name], now, d)
             inputs = snapshot_inputs(row, ep_arms, agg)
-            previous = self._snapshots.get(row.name)
-            if previous is not None and self._built_from.get(row.name) == inputs:
+            last = self._built.get(row.name)
+            if last is not None and last[0] == inputs:
                 # Nothing changed since it was built (an idle endpoint): keep it rather than draw
                 # its posteriors again, the bulk of a refresh's CPU when endpoints are many.
-                out[row.name] = previous
+                out[row.name] = last[1]
             else:
                 out[row.name] = snapshot.build(row=row, arms=ep_arms, stats=agg, now=now, rng=self._rng)
-                self._built_from[row.name] = inputs
+                self._built[row.name] = (inputs, out[row.name])
         return out
 
 
