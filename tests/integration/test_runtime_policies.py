@@ -209,7 +209,14 @@ async def test_a_better_canary_is_capped_then_promoted(optimizer):
         )
     )
     rates = {"current": 0.2, "candidate": 0.9}
-    await play(sel, "writer", 40, lambda arm, _, rng: 1.0 if rng.random() < rates[arm] else 0.0, random.Random(5))
+    # 20 rounds at a 0.2 cap reach the 15 pulls a promotion needs about once in 5 million
+    # runs (40 rounds did in one run of 130, and the canary was then rightly promoted).
+    decisions = await play(
+        sel, "writer", 20, lambda arm, _, rng: 1.0 if rng.random() < rates[arm] else 0.0, random.Random(5)
+    )
+    assert all(d.probability <= 0.2 + 1e-9 for d in decisions if d.arm_id == "candidate")
+    got = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name="writer"))
+    assert {a.arm_id: a.status for a in got.endpoint.arms}["candidate"] == ep_pb.ARM_STATUS_CANARY
     stats = await stats_of(admin, "writer")
     assert stats["candidate"].selection_probability <= 0.2 + 1e-9
     rng = random.Random(6)
