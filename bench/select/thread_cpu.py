@@ -1,12 +1,14 @@
 """Where the optimizer's CPU goes under Select load: CPU per thread, per decision.
 
-    python bench/select/thread_cpu.py [--load select|batch|idle] [--seconds 8]
+    python bench/select/thread_cpu.py [--load select|batch|idle] [--seconds 8] [--target flywheel|echo|mabwiser]
 
 Starts NATS, PostgreSQL and S3 on core 0 and the optimizer on core 1, exactly as run.py does,
 puts h2load's saturated Select (or SelectBatch of 100) load on it, and reads every thread's
 CPU time from /proc/<pid>/task/*/stat before and after. The event loop is the main thread;
 grpcio's worker and polling threads are the other Python threads; "event_engine" is grpc's
 C core. ``idle`` measures the background work with no load at all (CPU per second).
+``--target echo`` (or ``mabwiser``) measures that peer of run.py on its sync server instead,
+so Flywheel's extra cost per thread kind can be read side by side.
 
 Per-thread accounting is the ground truth that sampling profilers only estimate: py-spy's
 GIL-holder mode credited the event loop with time it never used.
@@ -49,6 +51,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--load", choices=["select", "batch", "idle"], default="select")
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--target", choices=["flywheel", "echo", "mabwiser"], default="flywheel")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flywheel-thread-cpu-"))
     work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
@@ -57,7 +60,10 @@ def main() -> int:
     try:
         env = bench.start_stack(servers, "bcpu", "bench_cpu")
         h2 = bench.H2load(bench.ensure_h2load(), work)
-        target = bench.FlywheelTarget(work, env)
+        if args.target == "flywheel":
+            target = bench.FlywheelTarget(work, env)
+        else:
+            target = bench.PeerTarget(work, f"{args.target}_sync", args.target, "sync")
         target.start()
         bench.pin_tree(target.pid, {bench.SERVER_CPU})
         method = "SelectBatch" if args.load == "batch" else "Select"
@@ -71,7 +77,7 @@ def main() -> int:
             got = h2.run(target.port, method=method, seconds=args.seconds, headers=dict(target.headers), **shape)
             decisions_per_s = got.rps * (bench.BATCH if args.load == "batch" else 1)
         after, elapsed = thread_cpu(target.pid), time.monotonic() - started
-        print(f"load: {args.load}, {decisions_per_s:,.0f} decisions/s over {elapsed:.1f} s")
+        print(f"target: {args.target}, load: {args.load}, {decisions_per_s:,.0f} decisions/s over {elapsed:.1f} s")
         used = {k: (after[k] - before.get(k, 0.0)) / elapsed for k in after}
         for kind, cpu in sorted(used.items(), key=lambda kv: -kv[1]):
             per = f"{1e6 * cpu / decisions_per_s:8.1f} us/decision" if decisions_per_s else ""
