@@ -21,6 +21,10 @@ Variants, all on `ThompsonAgent`'s statistics:
 - ``detect_use`` / ``detect_reset``: stationary statistics plus a second copy discounted with a
   250-step half-life; a per-arm z-test (|z| > 3) of the recent evidence against the older
   evidence either uses the recent copy for that arm or resets the arm's statistics to it.
+- ``oracle_restart`` / ``oracle_restart_ids``: not a policy anyone can run, a bound. It is told
+  when the drift happens and starts again from the prior at that moment (TS, or IDS with its
+  10% Thompson share): what a perfect change detector with no delay and no false alarm would
+  achieve by restarting, the best any forget-and-relearn policy can do on this bench.
 """
 
 from __future__ import annotations
@@ -121,6 +125,28 @@ class Detector:
                     s[changed] = f[changed]
 
 
+class OracleRestart:
+    """A bound, not a policy: told the drift's step, it drops everything it learned there."""
+
+    def __init__(self, k: int, kind: str, seed: int, mode: str = "ts") -> None:
+        self.make = lambda: Variant(k, kind, seed, mode=mode, c=0.1)
+        self.inner = self.make()
+        self.switch_at = float("inf")  # set by `regrets` from the environment
+        self.restarted = False
+
+    def select(self, n: int, now: float) -> np.ndarray:
+        if now >= self.switch_at and not self.restarted:
+            self.inner, self.restarted = self.make(), True
+        return self.inner.select(n, now)
+
+    def update(self, steps: np.ndarray, arms: np.ndarray, rewards: np.ndarray, now: float) -> None:
+        if self.restarted:  # feedback for steps before the drift describes the old world
+            keep = steps >= self.switch_at
+            steps, arms, rewards = steps[keep], arms[keep], rewards[keep]
+        if steps.shape[0]:
+            self.inner.update(steps, arms, rewards, now)
+
+
 Factory = Callable[[int, str, int], object]
 STATIONARY: dict[str, Factory] = {
     "ts": lambda k, kind, s: Variant(k, kind, s),
@@ -134,6 +160,8 @@ DRIFT: dict[str, Factory] = {
     "detect_use": lambda k, kind, s: Detector(k, kind, s, reset=False),
     "detect_reset": lambda k, kind, s: Detector(k, kind, s, reset=True),
     "ids_discounted": lambda k, kind, s: Variant(k, kind, s, mode="ids", c=0.1, half_life=500.0),
+    "oracle_restart": lambda k, kind, s: OracleRestart(k, kind, s),
+    "oracle_restart_ids": lambda k, kind, s: OracleRestart(k, kind, s, mode="ids"),
 }
 
 
@@ -147,6 +175,8 @@ def regrets(factory: Factory, scenario: str, arms: list[int], gaps: list[float],
                 for gap in gaps:
                     env = environment(base, reward, gap, scenario)
                     policy = factory(k, "beta" if reward == "bernoulli" else "gaussian", 7919 * seed + k)
+                    if isinstance(policy, OracleRestart):
+                        policy.switch_at = env.switch_at
                     chosen = play(policy, env, 20)  # type: ignore[arg-type]
                     out.setdefault(f"{reward}/k{k}/gap{gap}/{scenario}", []).append(float(env.regret(chosen).sum()))
     return {c: float(np.mean(v)) for c, v in out.items()}
@@ -154,12 +184,14 @@ def regrets(factory: Factory, scenario: str, arms: list[int], gaps: list[float],
 
 def table(title: str, results: dict[str, dict[str, float]], base: dict[str, float], base_name: str) -> None:
     names = list(results)
+    width = {n: max(14, len(n) + 2) for n in names}
     print(f"\n{title} (regret / {base_name})")
-    print(f"{'configuration':34}" + "".join(f"{n:>14}" for n in names) + f"{base_name:>16}")
+    print(f"{'configuration':34}" + "".join(f"{n:>{width[n]}}" for n in names) + f"{base_name:>16}")
     configs = list(results[names[0]])
     for c in configs:
-        print(f"{c:34}" + "".join(f"{results[n][c] / base[c]:14.2f}" for n in names) + f"{base[c]:16.1f}")
-    print(f"{'mean':34}" + "".join(f"{np.mean([results[n][c] / base[c] for c in configs]):14.3f}" for n in names))
+        print(f"{c:34}" + "".join(f"{results[n][c] / base[c]:{width[n]}.2f}" for n in names) + f"{base[c]:16.1f}")
+    means = {n: np.mean([results[n][c] / base[c] for c in configs]) for n in names}
+    print(f"{'mean':34}" + "".join(f"{means[n]:{width[n]}.3f}" for n in names))
 
 
 def main() -> int:
