@@ -29,6 +29,7 @@ import json
 import signal
 import sys
 import threading
+import time
 import uuid
 from concurrent import futures
 from typing import Any
@@ -70,13 +71,18 @@ def fitting_data(seed: int = 7) -> tuple[list[str], list[int]]:
 
 
 class Echo:
-    def __init__(self) -> None:
+    def __init__(self, busy_us: float = 0.0) -> None:
         self.response = sel_pb.SelectResponse(
             decision_id="0" * 32, arm_id="fast", params=PARAMS["fast"], probability=1 / 3
         )
         self._batches: dict[int, sel_pb.SelectBatchResponse] = {}
+        self._busy_s = busy_us / 1e6
 
     def select(self, request: sel_pb.SelectRequest) -> sel_pb.SelectResponse:
+        if self._busy_s:  # an experiment's stand-in for a handler's own Python (thread_cpu.py --busy-us)
+            until = time.thread_time() + self._busy_s
+            while time.thread_time() < until:
+                pass
         return self.response
 
     def select_batch(self, request: sel_pb.SelectBatchRequest) -> sel_pb.SelectBatchResponse:
@@ -356,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=8, help="thread pool of the sync server")
     parser.add_argument("--user-id", default="u-1", help="the user id the bench's requests carry")
+    parser.add_argument("--busy-us", type=float, default=0.0, help="echo only: spin this many us of Python per Select")
     args = parser.parse_args(argv)
-    impl: Any = {"echo": Echo, "mabwiser": Mabwiser, "convergence": Convergence}[args.kind]()
+    impl: Any = {"echo": lambda: Echo(args.busy_us), "mabwiser": Mabwiser, "convergence": Convergence}[args.kind]()
     if args.flavour == "sync":
         if isinstance(impl, Convergence):
             parser.error("The Convergence's runtime API is async: use --flavour aio")

@@ -323,9 +323,10 @@ class Target:
 
 
 class PeerTarget(Target):
-    def __init__(self, work: Path, name: str, kind: str, flavour: str) -> None:
+    def __init__(self, work: Path, name: str, kind: str, flavour: str, extra_args: tuple[str, ...] = ()) -> None:
         super().__init__(work)
         self.name, self.kind, self.flavour = name, kind, flavour
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = work / f"{name}.log"
         self._final: dict[str, int] | None = None
@@ -339,6 +340,7 @@ class PeerTarget(Target):
         self.port = free_port()
         cmd = ["taskset", "-c", str(SERVER_CPU), sys.executable, str(HERE / "peers.py")]
         cmd += ["--kind", self.kind, "--flavour", self.flavour, "--port", str(self.port), "--user-id", USER_ID]
+        cmd += self.extra_args
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         ready = json.dumps({"serving": self.port})

@@ -8,7 +8,9 @@ CPU time from /proc/<pid>/task/*/stat before and after. The event loop is the ma
 grpcio's worker and polling threads are the other Python threads; "event_engine" is grpc's
 C core. ``idle`` measures the background work with no load at all (CPU per second).
 ``--target echo`` (or ``mabwiser``) measures that peer of run.py on its sync server instead,
-so Flywheel's extra cost per thread kind can be read side by side.
+so Flywheel's extra cost per thread kind can be read side by side. ``--busy-us N`` makes the
+echo spin N us of Python per Select: how much CPU a handler's own work really costs on this
+server.
 
 Per-thread accounting is the ground truth that sampling profilers only estimate: py-spy's
 GIL-holder mode credited the event loop with time it never used.
@@ -52,6 +54,9 @@ def main() -> int:
     parser.add_argument("--load", choices=["select", "batch", "idle"], default="select")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--target", choices=["flywheel", "echo", "mabwiser"], default="flywheel")
+    parser.add_argument(
+        "--busy-us", type=float, default=0.0, help="with --target echo: spin this many us of Python per Select"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flywheel-thread-cpu-"))
     work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
@@ -63,7 +68,8 @@ def main() -> int:
         if args.target == "flywheel":
             target = bench.FlywheelTarget(work, env)
         else:
-            target = bench.PeerTarget(work, f"{args.target}_sync", args.target, "sync")
+            extra = ("--busy-us", str(args.busy_us)) if args.busy_us else ()
+            target = bench.PeerTarget(work, f"{args.target}_sync", args.target, "sync", extra)
         target.start()
         bench.pin_tree(target.pid, {bench.SERVER_CPU})
         method = "SelectBatch" if args.load == "batch" else "Select"
