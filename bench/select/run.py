@@ -233,8 +233,9 @@ class H2load:
         rps_per_client: float | None = None,
         headers: dict[str, str] | None = None,
         log_latency: bool = False,
+        body: Path | None = None,
     ) -> H2Result:
-        body = self.select_body if method == "Select" else self.batch_body
+        body = body or (self.select_body if method == "Select" else self.batch_body)
         log_file = self.work / "h2load-requests.tsv"
         cmd = ["taskset", "-c", str(LOADGEN_CPU), self.binary, "-t", "1", "-c", str(clients), "-m", str(streams)]
         cmd += ["-D", f"{seconds:g}", "-d", str(body)]
@@ -427,6 +428,8 @@ class FlywheelTarget(Target):
                 out["select"] += int(float(value))
             elif short == "SelectBatch":
                 out["select_batch"] += int(float(value))
+            elif short == "Update":
+                out["update"] = out.get("update", 0) + int(float(value))
         return out
 
     def stop(self) -> None:

@@ -4,7 +4,6 @@ off-policy evaluation. Each method validates, calls the domain layer, converts."
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from datetime import UTC, timedelta
 from typing import Any
@@ -23,8 +22,10 @@ from flywheel.optimizer import ope_service, service
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.convert import arm_spec, arm_stats, endpoint_message, endpoint_spec, from_struct, struct
 from flywheel.optimizer.decisions import Decision, DecisionLog
+from flywheel.optimizer.feedback_batcher import FeedbackBatcher
 from flywheel.optimizer.ope_service import Candidate
 from flywheel.optimizer.selector import Selector
+from flywheel.optimizer.service import FeedbackItem
 from flywheel.optimizer.spec import RETIRED
 
 MAX_BATCH = 1000
@@ -64,10 +65,9 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         feedback_window: timedelta,
     ) -> None:
         self._selector = selector
-        self._sessions = sessions
         self._log = log
         self._cache = cache
-        self._window = feedback_window
+        self._feedback = FeedbackBatcher(sessions, feedback_window)
         self._loop = asyncio.get_running_loop()
 
     def _select_sync(self, r: sel_pb.SelectRequest) -> Decision:
@@ -100,21 +100,18 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         return sel_pb.SelectBatchResponse(decisions=[_response(await self._select(r)) for r in request.requests])
 
     async def Update(self, request: sel_pb.UpdateRequest, context: grpc.aio.ServicerContext) -> sel_pb.UpdateResponse:
-        kwargs = {
-            "event_id": request.feedback_id or f"rpc-{uuid.uuid4().hex}",
-            "decision_id": request.decision_id,
-            "reward": request.reward if request.HasField("reward") else None,
-            "signals": dict(request.signals),
-            "window": self._window,
-        }
+        item = FeedbackItem(
+            event_id=request.feedback_id or f"rpc-{uuid.uuid4().hex}",
+            decision_id=request.decision_id,
+            reward=request.reward if request.HasField("reward") else None,
+            signals=dict(request.signals),
+        )
         try:
-            async with self._sessions() as session:
-                outcome = await service.apply_feedback(session, **kwargs)
+            outcome, committed = await self._feedback.apply(item)
         except Unavailable:
             await self._log.flush()  # the decision may still be in this replica's buffer
-            async with self._sessions() as session:
-                outcome = await service.apply_feedback(session, **kwargs)
-        committed = time.monotonic()
+            outcome, committed = await self._feedback.apply(item)
+        # Every caller of one batch has the same commit time, so they share one reload.
         snap = await self._cache.fresh(outcome.endpoint, since=committed)
         return sel_pb.UpdateResponse(applied=outcome.applied, stats=arm_stats(snap, snap.arm_ids.index(outcome.arm_id)))
 
