@@ -19,13 +19,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from flywheel.stack.servers import free_port
 from flywheel.stack.services import health_status, migrate
-from flywheel.stack.stack import Servers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # bench/select/run.py: the scratch folder and stack helpers
 
 
 def main() -> int:
@@ -33,9 +34,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="flywheel-idle-profile-"))
-    work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
-    servers = Servers.create(work / "stack")
+    work, servers = bench.new_work("flywheel-idle-profile-")
     profile = work / "optimizer.prof"
     try:
         servers.start()

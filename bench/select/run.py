@@ -506,6 +506,13 @@ def measure(target: Target, key: str, run: Callable[[], H2Result]) -> Phase:
     )
 
 
+def new_work(prefix: str) -> tuple[Path, Servers]:
+    """A scratch folder for one bench run, and the servers of a stack to be started in it."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
+    return work, Servers.create(work / "stack")
+
+
 def start_stack(servers: Servers, namespace: str, schema: str) -> dict[str, str]:
     """Start NATS, PostgreSQL and S3 pinned to the load generator's core, migrate the
     optimizer's schema, and return the optimizer's environment (quiet logs)."""
@@ -700,9 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench/select needs at least 2 CPUs (server on core 1, load on core 0)")
     started = time.monotonic()
     h2load_bin = ensure_h2load()
-    work = Path(tempfile.mkdtemp(prefix="flywheel-bench-select-"))
-    work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
-    servers = Servers.create(work / "stack")
+    work, servers = new_work("flywheel-bench-select-")
     rounds: list[dict[str, dict[str, Any]]] = []
     try:
         print(f"starting NATS, PostgreSQL and S3 on core {LOADGEN_CPU} ...", file=sys.stderr)

@@ -22,15 +22,12 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as bench  # noqa: E402  (bench/select/run.py: the stack, targets and h2load driver)
-
-from flywheel.stack.stack import Servers  # noqa: E402
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -58,9 +55,7 @@ def main() -> int:
         "--busy-us", type=float, default=0.0, help="with --target echo: spin this many us of Python per Select"
     )
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="flywheel-thread-cpu-"))
-    work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
-    servers = Servers.create(work / "stack")
+    work, servers = bench.new_work("flywheel-thread-cpu-")
     target = None
     try:
         env = bench.start_stack(servers, "bcpu", "bench_cpu")

@@ -22,7 +22,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +35,6 @@ from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb  # 
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc  # noqa: E402
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb  # noqa: E402
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc  # noqa: E402
-from flywheel.stack.stack import Servers  # noqa: E402
 
 
 def pulls(target: bench.FlywheelTarget, arm_id: str) -> float:
@@ -85,9 +83,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="flywheel-update-rate-"))
-    work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
-    servers = Servers.create(work / "stack")
+    work, servers = bench.new_work("flywheel-update-rate-")
     results = []
     try:
         env = bench.start_stack(servers, "bupd", "bench_update")

@@ -22,7 +22,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     diffs = args.diffs if args.diffs is not None else sorted(PROPOSED.glob("*.diff"))
     h2load_bin = R.ensure_h2load()
-    work = Path(tempfile.mkdtemp(prefix="flywheel-bench-variants-"))
-    work.chmod(0o755)
-    servers = R.Servers.create(work / "stack")
+    work, servers = R.new_work("flywheel-bench-variants-")
     results: dict[str, list[dict[str, float]]] = {}
     try:
         stages = build_stages(work / "stages", diffs)
