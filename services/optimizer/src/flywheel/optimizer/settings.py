@@ -15,10 +15,6 @@ class OptimizerSettings(ServiceSettings):
     # grpcio's thread-pool server: Select decides in the worker thread and never waits on the
     # event loop, about 1.6x the Select/s of grpc.aio on one core (bench/select). "aio" also works.
     grpc_server: Literal["aio", "sync"] = "sync"
-    # On "sync", Update and the admin calls hold a worker while the event loop serves them, so the
-    # pool bounds how many Updates share a feedback transaction: 64 gave 808 Update/s at 64 in
-    # flight against 201 with 8, and Select/s within noise (bench/select/update_rate.py).
-    grpc_workers: int = Field(64, ge=1, le=256)
     nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
     db: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]
