@@ -32,3 +32,35 @@ class Unavailable(ServiceError):
     """Transient: the caller (or the bus) should retry shortly."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(ServiceError):
+    """The service is at a bound (a full buffer, too many streams): back off and retry."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def rejects_the_data(exc: BaseException) -> bool:
+    """True when ``exc`` says the *data* of a write can never be stored (a value too long for
+    its column, a NUL byte, invalid text or JSON, a number or date out of range, a constraint),
+    as opposed to the database being unreachable or the call being cancelled. A batched write
+    that fails this way is worth splitting to find the row at fault; one that fails any other
+    way is retried whole later."""
+    import asyncpg  # here: errors.py is imported by code that never talks to PostgreSQL
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, asyncpg.DataError | asyncpg.IntegrityConstraintViolationError):
+            return True
+        if isinstance(current, asyncpg.PostgresError):  # connection, shutdown, timeout, ...
+            return False
+        if isinstance(current, UnicodeError | OverflowError | TypeError) or type(current) is ValueError:
+            return True  # raised while encoding a parameter, before anything was sent
+        current = getattr(current, "orig", None) or current.__cause__  # SQLAlchemy wraps the driver's error
+    return False

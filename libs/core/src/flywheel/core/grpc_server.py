@@ -10,6 +10,7 @@ import inspect
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -18,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from flywheel.core.errors import ServiceError
+from flywheel.core.errors import InvalidArgument, ServiceError
 from flywheel.core.logging import bound, get_logger
 from flywheel.core.metrics import RPC_SECONDS, RPC_TOTAL
 from flywheel.core.settings import ServiceSettings
@@ -27,6 +28,55 @@ log = get_logger(__name__)
 
 # Probes must work without credentials (kubelet's gRPC probe sends none).
 _UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# How long a worker thread of the sync server waits for a call it handed to the event loop when
+# the caller set no deadline: no thread waits forever on a loop that never answers.
+BRIDGE_TIMEOUT_S = 60.0
+
+
+class _Undecodable:
+    """What the guarded deserializer returns for bytes that do not parse: the method then
+    answers INVALID_ARGUMENT (grpc's own answer to a raising deserializer is INTERNAL)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(f"request body is not a valid {self.message}")
+
+
+def _guarded_deserializer(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    owner = getattr(deserializer, "__self__", None)  # Message.FromString is bound to its class
+    name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", None) or "request message"
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:  # noqa: BLE001 - DecodeError, invalid UTF-8 in a string field, ...
+            return _Undecodable(name)
+
+    return deserialize
+
+
+class _Aborted(Exception):
+    """Raised by ``_AioContext.abort``: the call has its status already; pass it through."""
+
+
+def _sync_aborted(context: Any) -> bool:
+    """Whether a sync server's context was aborted (its abort raises a bare Exception)."""
+    return bool(getattr(getattr(context, "_state", None), "aborted", False))
+
+
+def _internal(method: str, exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """An unexpected error: logged here in full with an id, answered with the id only, so a
+    database error's SQL and parameters (or a stack trace) never reach the caller."""
+    error_id = uuid.uuid4().hex[:16]
+    log.error("unexpected error", rpc=method, error_id=error_id, error=repr(exc), exc_info=exc)
+    RPC_TOTAL.labels(method, "INTERNAL").inc()
+    return grpc.StatusCode.INTERNAL, f"internal error; the service logged it as error_id={error_id}"
 
 
 class _Guard:
@@ -36,9 +86,14 @@ class _Guard:
     handler object on every call, the hot path's most expensive Python after grpc itself."""
 
     def __init__(
-        self, auth_token: str | None, loop: asyncio.AbstractEventLoop | None = None, max_streams: int = 4
+        self,
+        auth_token: str | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        max_streams: int = 4,
+        bridge_timeout_s: float = BRIDGE_TIMEOUT_S,
     ) -> None:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self._bridge_timeout_s = bridge_timeout_s
         self._loop = loop  # set for the sync server: where async servicer methods run
         self._max_streams = max_streams
         self._streams = threading.BoundedSemaphore(max_streams)
@@ -46,24 +101,25 @@ class _Guard:
     def wrap(self, method: str, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
         if handler is None or method.startswith(_UNAUTHENTICATED_PREFIXES):
             return handler
+        deserializer = _guarded_deserializer(handler.request_deserializer)
         if self._loop is not None:
-            return self._wrap_for_sync_server(method, handler, self._loop)
+            return self._wrap_for_sync_server(method, handler, self._loop, deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(handler.unary_stream, method),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, method),
-                request_deserializer=handler.request_deserializer,
+                self._wrap_stream(handler.stream_stream, method, client_streaming=True),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -97,35 +153,64 @@ class _Guard:
             started = time.perf_counter()
             with bound(rpc=method):
                 try:
+                    if request.__class__ is _Undecodable:
+                        raise request.error()
                     response = await fn(request, context)
                 except ServiceError as exc:
                     await self._fail(context, method, exc)
+                except (grpc.aio.AbortError, _Aborted):
+                    raise
+                except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
+                    if _sync_aborted(context):
+                        raise
+                    await context.abort(*_internal(method, exc))
                 ok.inc()
                 seconds.observe(time.perf_counter() - started)
                 return response
 
         return wrapper
 
-    def _wrap_stream(self, fn: Any, method: str) -> Any:
+    def _wrap_stream(self, fn: Any, method: str, *, client_streaming: bool = False) -> Any:
         ok = RPC_TOTAL.labels(method, "OK")
+
+        async def decoded(requests: Any) -> Any:
+            async for request in requests:
+                if request.__class__ is _Undecodable:
+                    raise request.error()
+                yield request
 
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if not self._authorized(context):
                 await self._refuse(context, method)
             with bound(rpc=method):
                 try:
+                    if client_streaming:
+                        request = decoded(request)
+                    elif request.__class__ is _Undecodable:
+                        raise request.error()
                     async for item in fn(request, context):
                         yield item
                 except ServiceError as exc:
                     await self._fail(context, method, exc)
+                except (grpc.aio.AbortError, _Aborted):
+                    raise
+                except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
+                    if _sync_aborted(context):
+                        raise
+                    await context.abort(*_internal(method, exc))
                 ok.inc()
 
         return wrapper
 
     def _wrap_for_sync_server(
-        self, method: str, handler: grpc.RpcMethodHandler, loop: asyncio.AbstractEventLoop
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        loop: asyncio.AbstractEventLoop,
+        deserializer: Callable[[bytes], Any] | None,
     ) -> grpc.RpcMethodHandler:
-        kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+        kw = {"request_deserializer": deserializer, "response_serializer": handler.response_serializer}
+        timeout_s = self._bridge_timeout_s
         if handler.unary_unary:
             fn = handler.unary_unary
             twin = getattr(getattr(fn, "__self__", None), f"{getattr(fn, '__name__', '')}_sync", None)
@@ -134,7 +219,7 @@ class _Guard:
             guarded = self._wrap_unary(fn, method)
 
             def bridged(request: Any, context: grpc.ServicerContext) -> Any:
-                return _on_loop(guarded(request, _AioContext(context)), loop, context)
+                return _on_loop(guarded(request, _AioContext(context)), loop, context, timeout_s)
 
             return grpc.unary_unary_rpc_method_handler(bridged, **kw)
         if handler.unary_stream:
@@ -161,7 +246,7 @@ class _Guard:
                 future.add_done_callback(items.put)  # however it ends (even cancelled before it began)
                 context.add_callback(future.cancel)  # the call ended (cancelled, deadline): stop the task
                 try:
-                    while (item := items.get()) is not future:
+                    while (item := _next_item(items, context, timeout_s)) is not future:
                         yield item
                     if not future.cancelled() and future.exception() is not None:
                         raise future.exception()  # type: ignore[misc]
@@ -183,10 +268,16 @@ class _Guard:
             started = time.perf_counter()
             with bound(rpc=method):
                 try:
+                    if request.__class__ is _Undecodable:
+                        raise request.error()
                     response = fn(request, context)
                 except ServiceError as exc:
                     RPC_TOTAL.labels(method, exc.code.name).inc()
                     context.abort(exc.code, str(exc))
+                except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
+                    if _sync_aborted(context):
+                        raise
+                    context.abort(*_internal(method, exc))
                 ok.inc()
                 seconds.observe(time.perf_counter() - started)
                 return response
@@ -194,12 +285,40 @@ class _Guard:
         return wrapper
 
 
-def _on_loop(coro: Any, loop: asyncio.AbstractEventLoop, context: grpc.ServicerContext) -> Any:
+def _wait_s(context: grpc.ServicerContext, timeout_s: float) -> float:
+    """How long a worker may wait for the loop: the call's remaining deadline, else ``timeout_s``."""
+    remaining = context.time_remaining()  # grpcio answers a huge number when there is no deadline
+    if remaining is None or remaining > 1e6:
+        return timeout_s
+    return max(0.0, min(remaining, 10 * timeout_s))
+
+
+def _on_loop(coro: Any, loop: asyncio.AbstractEventLoop, context: grpc.ServicerContext, timeout_s: float) -> Any:
     """Run ``coro`` on the event loop and wait for it in this worker thread; when the call ends
-    first (the client cancelled, or its deadline passed), the coroutine is cancelled too."""
+    first (the client cancelled, or its deadline passed), the coroutine is cancelled too. The
+    wait is bounded by the call's deadline (``timeout_s`` when it has none): past it the
+    coroutine is cancelled and the call answers DEADLINE_EXCEEDED."""
     future = asyncio.run_coroutine_threadsafe(coro, loop)
     context.add_callback(future.cancel)
-    return future.result()
+    wait_s = _wait_s(context, timeout_s)
+    try:
+        return future.result(timeout=wait_s)
+    except futures.TimeoutError:
+        future.cancel()
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"the call did not finish within {wait_s:.1f}s")
+
+
+def _next_item(items: queue.SimpleQueue[Any], context: grpc.ServicerContext, timeout_s: float) -> Any:
+    """The next item a stream's task hands over. A stream may be quiet for long (a watch), so
+    there is no overall bound without a deadline; but the wait re-checks every second that the
+    call is still alive and its deadline not passed, so the thread never outlives its call."""
+    while True:
+        try:
+            return items.get(timeout=1.0)
+        except queue.Empty:
+            remaining = context.time_remaining()
+            if not context.is_active() or (remaining is not None and remaining <= 0):
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the stream ended: the call is over")
 
 
 class _AioContext:
@@ -209,7 +328,10 @@ class _AioContext:
         self._context = context
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        self._context.abort(code, details)
+        try:
+            self._context.abort(code, details)
+        except Exception:  # noqa: BLE001 - the sync context raises a bare Exception; the status is set
+            raise _Aborted() from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)

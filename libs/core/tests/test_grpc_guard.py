@@ -1,0 +1,116 @@
+"""The gRPC guard on both servers (grpc.aio and the sync thread pool): bytes that do not parse
+answer INVALID_ARGUMENT naming the message, an unexpected error answers INTERNAL with an error
+id and never its text (a database error's SQL and parameters stay in the log), a domain error
+keeps its code and message, and a bridged call whose loop never answers ends at its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent import futures
+
+import grpc
+import pytest
+
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as pb
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as pb_grpc
+from flywheel.core.errors import NotFound
+from flywheel.core.grpc_server import _Guard, _Registrar
+
+SQL_ERROR = (
+    "(sqlalchemy.dialects.postgresql.asyncpg.Error) <class 'asyncpg.exceptions.CharacterNotInRepertoireError'>: "
+    "invalid byte sequence [SQL: INSERT INTO decisions (decision_id, user_id) VALUES ($1, $2)] "
+    "[parameters: ('d1', 'secret-user')]"
+)
+
+
+class Servicer(pb_grpc.EndpointAdminServiceServicer):
+    async def GetEndpoint(self, request: pb.GetEndpointRequest, context: grpc.aio.ServicerContext):
+        if request.name == "missing":
+            raise NotFound("endpoint 'missing' does not exist")
+        if request.name == "hang":
+            await asyncio.sleep(30)
+        if request.name == "sql":
+            raise RuntimeError(SQL_ERROR)
+        return pb.GetEndpointResponse()
+
+
+@pytest.fixture(params=["aio", "sync"])
+async def address(request):
+    loop = asyncio.get_running_loop()
+    if request.param == "aio":
+        server = grpc.aio.server()
+        guard = _Guard(None)
+    else:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        guard = _Guard(None, loop, bridge_timeout_s=0.5)
+    pb_grpc.add_EndpointAdminServiceServicer_to_server(Servicer(), _Registrar(server, guard))
+    port = server.add_insecure_port("127.0.0.1:0")
+    if request.param == "aio":
+        await server.start()
+    else:
+        server.start()
+    yield f"127.0.0.1:{port}", request.param
+    if request.param == "aio":
+        await server.stop(None)
+    else:
+        await asyncio.to_thread(server.stop(None).wait)
+
+
+async def call_raw(address: str, payload: bytes) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(address) as channel:
+        method = channel.unary_unary(
+            "/flywheel.api.optimizer.v1.EndpointAdminService/GetEndpoint",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.GetEndpointResponse.FromString,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await method(payload, timeout=5.0)
+    return info.value
+
+
+async def test_undecodable_bytes_are_invalid_argument_naming_the_message(address):
+    addr, _ = address
+    for payload in (b"\x0a\xff\xff\xff\xff\x0f", b"\x0a\x02\xc3\x28", b"\xff"):  # truncated, bad UTF-8, bad tag
+        error = await call_raw(addr, payload)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (payload, error.details())
+        assert "request body is not a valid flywheel.api.optimizer.v1.GetEndpointRequest" in error.details()
+    # ... and the server goes on answering good requests.
+    async with grpc.aio.insecure_channel(addr) as channel:
+        await pb_grpc.EndpointAdminServiceStub(channel).GetEndpoint(pb.GetEndpointRequest(name="ok"))
+
+
+async def test_an_unexpected_error_is_internal_with_an_id_and_no_sql(address, capsys):
+    addr, _ = address
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = pb_grpc.EndpointAdminServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetEndpoint(pb.GetEndpointRequest(name="sql"))
+        details = info.value.details()
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        for leak in ("INSERT", "SQL", "parameters", "secret-user", "asyncpg", "Traceback"):
+            assert leak not in details, details
+        assert "error_id=" in details
+        error_id = details.rsplit("error_id=", 1)[1]
+        # The full error is in the service's log, under the id the caller got.
+        logged = capsys.readouterr()
+        assert error_id in logged.err + logged.out
+        assert "INSERT INTO decisions" in logged.err + logged.out
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetEndpoint(pb.GetEndpointRequest(name="missing"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert info.value.details() == "endpoint 'missing' does not exist"
+
+
+async def test_a_bridged_call_that_never_finishes_ends_at_its_deadline(address):
+    addr, kind = address
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = pb_grpc.EndpointAdminServiceStub(channel)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            # No deadline from the caller: the sync server's bridge gives up after its 0.5 s.
+            await stub.GetEndpoint(pb.GetEndpointRequest(name="hang"), timeout=None if kind == "sync" else 1.0)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert loop.time() - started < 5
+        await stub.GetEndpoint(pb.GetEndpointRequest(name="ok"))
