@@ -1,17 +1,23 @@
 """Command line: ``python -m flywheel.modelserver --port 8000 [--model auto] [--adapter name=path ...]``.
 
 The API key, if any, comes from ``FLYWHEEL_MODELSERVER_API_KEY`` (never the command line,
-where other users of the machine could read it)."""
+where other users of the machine could read it). The server listens on 127.0.0.1; told to
+listen anywhere else (``--host 0.0.0.0``) it needs the API key or TLS (``--tls-cert`` and
+``--tls-key``), or it exits with code 2 before loading the model; ``--allow-insecure``
+(``FLYWHEEL_MODELSERVER_ALLOW_INSECURE=true``) serves it open anyway, with a warning."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import ssl
+import sys
 from pathlib import Path
 
 from aiohttp import web
 
+from flywheel.api.tls import is_loopback
 from flywheel.modelserver.adapters import AdapterSpec, local_folder
 from flywheel.modelserver.app import build_app
 from flywheel.modelserver.engine import Engine
@@ -22,7 +28,30 @@ log = logging.getLogger("flywheel.modelserver")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flywheel.modelserver", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
+    env = os.environ.get
+    p.add_argument(
+        "--host",
+        default=env("FLYWHEEL_MODELSERVER_HOST", "127.0.0.1"),
+        help="address to listen on (default 127.0.0.1; any other needs the API key or TLS)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=env("FLYWHEEL_MODELSERVER_TLS_CERT_FILE") or None,
+        help="PEM certificate (chain): serve HTTPS (default $FLYWHEEL_MODELSERVER_TLS_CERT_FILE)",
+    )
+    p.add_argument(
+        "--tls-key",
+        type=Path,
+        default=env("FLYWHEEL_MODELSERVER_TLS_KEY_FILE") or None,
+        help="PEM private key of --tls-cert (default $FLYWHEEL_MODELSERVER_TLS_KEY_FILE)",
+    )
+    p.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        default=env("FLYWHEEL_MODELSERVER_ALLOW_INSECURE", "").lower() in ("1", "true", "yes"),
+        help="listen on a non-loopback --host with no API key and no TLS (a warning is logged)",
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--model",
@@ -44,10 +73,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def listener_problem(args: argparse.Namespace, api_key: str | None) -> str | None:
+    """Why the server may not listen as asked, or None (checked before the model loads)."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        return "--tls-cert and --tls-key go together (FLYWHEEL_MODELSERVER_TLS_CERT_FILE, _TLS_KEY_FILE)"
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None and not path.is_file():
+            return f"{flag} {path}: no such file"
+    if is_loopback(args.host) or api_key or args.tls_cert or args.allow_insecure:
+        return None
+    return (
+        f"--host {args.host} is reachable from other machines and the server has no credentials: set "
+        "FLYWHEEL_MODELSERVER_API_KEY and/or --tls-cert with --tls-key (FLYWHEEL_MODELSERVER_TLS_CERT_FILE, "
+        "FLYWHEEL_MODELSERVER_TLS_KEY_FILE), or listen on 127.0.0.1; --allow-insecure "
+        "(FLYWHEEL_MODELSERVER_ALLOW_INSECURE=true) serves it open anyway"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Load the model and adapters, then serve until interrupted."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = os.environ.get("FLYWHEEL_MODELSERVER_API_KEY") or None
+    problem = listener_problem(args, api_key)
+    if problem:
+        sys.stderr.write(f"invalid configuration (modelserver): {problem}\n")
+        raise SystemExit(2)
+    if not is_loopback(args.host) and not (api_key or args.tls_cert):
+        log.warning("listening on %s with no API key and no TLS: anyone who reaches it may use it", args.host)
+    elif not is_loopback(args.host) and not args.tls_cert:
+        log.warning("listening on %s without TLS: the API key crosses the network in plaintext", args.host)
+    ssl_context = None
+    if args.tls_cert:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if args.threads:
@@ -58,18 +117,23 @@ def main(argv: list[str] | None = None) -> None:
     base = load_base(args.model, device=args.device, cache_dir=cache)
     adapters = {spec.name: local_folder(spec, cache) for spec in args.adapter}
     engine = Engine(base, adapters, max_tokens_cap=args.max_tokens)
-    api_key = os.environ.get("FLYWHEEL_MODELSERVER_API_KEY") or None
     log.info(
-        "serving %s from %s on %s (%d adapters) at http://%s:%d/v1",
+        "serving %s from %s on %s (%d adapters) at %s://%s:%d/v1",
         base.name,
         base.source,
         base.device,
         len(adapters),
+        "https" if ssl_context else "http",
         args.host,
         args.port,
     )
     # handler_cancellation: a client that hangs up (a timed-out judge call) cancels its request,
     # which stops its generation, instead of leaving it queued on the one worker.
     web.run_app(
-        build_app(engine, api_key=api_key), host=args.host, port=args.port, print=None, handler_cancellation=True
+        build_app(engine, api_key=api_key),
+        host=args.host,
+        port=args.port,
+        ssl_context=ssl_context,
+        print=None,
+        handler_cancellation=True,
     )

@@ -48,7 +48,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    serve_metrics(settings.grpc_host, settings.metrics_port)
+    for warning in settings.exposure_warnings():
+        log.warning("insecure listener", detail=warning)
+    serve_metrics(settings.metrics_host, settings.metrics_port)
 
     server, health_servicer, port = build_server(settings, parts.servicers)
     readiness = Readiness(
@@ -59,7 +61,14 @@ async def serve(
     for consumer in parts.consumers:
         await consumer.start()
     tasks = [asyncio.create_task(job()) for job in parts.background]
-    log.info("serving", service=name, grpc_port=port, metrics_port=settings.metrics_port)
+    log.info(
+        "serving",
+        service=name,
+        grpc=f"{settings.grpc_host}:{port}",
+        tls="mtls" if settings.tls_client_ca_file else bool(settings.tls_cert_file),
+        token=settings.auth_token is not None,
+        metrics=f"{settings.metrics_host}:{settings.metrics_port}" if settings.metrics_port else "off",
+    )
 
     await stop.wait()
     log.info("stopping", grace_s=settings.shutdown_grace_s)

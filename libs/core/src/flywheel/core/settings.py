@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.api.subjects import NAMESPACE
+from flywheel.api.tls import is_loopback, target_host
 
 
 class NatsSettings(BaseSettings):
@@ -105,17 +106,24 @@ class S3Settings(BaseSettings):
 
 
 class ServiceSettings(BaseSettings):
-    """What every service has: its gRPC server, metrics, logging and shutdown."""
+    """What every service has: its gRPC server, metrics, logging and shutdown.
+
+    Listeners bind to loopback unless told otherwise. A gRPC server told to listen on any
+    other address (``0.0.0.0``, ``::``, a LAN address, a host name) needs a bearer token or
+    TLS, or refuses to start; ``allow_insecure`` overrides that, with a warning at start.
+    """
 
     model_config = SettingsConfigDict(extra="ignore")
 
-    grpc_host: str = "0.0.0.0"
+    grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(50051, ge=0, le=65535)
     # "sync": grpcio's thread-pool server (unary and server-streaming methods only); async
     # servicer methods run on the event loop, a servicer's ``<Method>_sync`` twin in the worker.
     grpc_server: Literal["aio", "sync"] = "aio"
     grpc_workers: int = Field(8, ge=1, le=256)
-    # Prometheus /metrics (9090, the usual scrape port); 0 disables.
+    # Prometheus /metrics (9090, the usual scrape port); 0 disables. Counters and latencies
+    # only, no credentials; a cluster sets 0.0.0.0 so Prometheus can scrape the pod.
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9090, ge=0, le=65535)
     # Time in-flight RPCs and events get to finish after SIGTERM.
     shutdown_grace_s: float = Field(5.0, gt=0, le=60)
@@ -124,11 +132,66 @@ class ServiceSettings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
     # gRPC server TLS; with a client CA the server requires client certificates (mTLS).
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_client_ca_file: Path | None = None
+    tls_cert_file: FilePath | None = None
+    tls_key_file: FilePath | None = None
+    tls_client_ca_file: FilePath | None = None
     # When set, every RPC but health checks must send "authorization: Bearer <token>".
     auth_token: SecretStr | None = None
+    # Serve a non-loopback grpc_host without token and TLS anyway (logged as a warning).
+    allow_insecure: bool = False
+
+    @model_validator(mode="after")
+    def _safe_listener(self) -> ServiceSettings:
+        var = type(self).env_var
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(f"set both {var('tls_cert_file')} and {var('tls_key_file')}, or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                f"{var('tls_client_ca_file')} (mTLS) needs server TLS: set {var('tls_cert_file')} and "
+                f"{var('tls_key_file')}"
+            )
+        if not (is_loopback(self.grpc_host) or self.auth_token or self.tls_cert_file or self.allow_insecure):
+            raise ValueError(
+                f"{var('grpc_host')}={self.grpc_host!r} is reachable from other machines, and this service "
+                f"has no credentials: set {var('auth_token')} and/or {var('tls_cert_file')} with "
+                f"{var('tls_key_file')} (and {var('tls_client_ca_file')} for mTLS), or listen on 127.0.0.1; "
+                f"{var('allow_insecure')}=true serves it open anyway"
+            )
+        return self
+
+    @classmethod
+    def env_var(cls, field: str) -> str:
+        """The environment variable that sets ``field`` (e.g. FLYWHEEL_OPTIMIZER_AUTH_TOKEN)."""
+        return _env_var(cls, field)
+
+    def exposure_warnings(self) -> list[str]:
+        """What :func:`flywheel.core.lifecycle.serve` logs as warnings at start: listeners
+        others can reach with weak or no protection."""
+        if is_loopback(self.grpc_host):
+            return []
+        if not (self.auth_token or self.tls_cert_file):
+            return [
+                f"gRPC on {self.grpc_host} with no token and no TLS: anyone who reaches it may call every "
+                f"method ({self.env_var('allow_insecure')}=true)"
+            ]
+        if not self.tls_cert_file:
+            return [f"gRPC on {self.grpc_host} without TLS: the bearer token crosses the network in plaintext"]
+        return []
+
+
+def client_link_problem(
+    *, name: str, address: str, token: bool, tls: bool, allow_insecure: bool, env: dict[str, str]
+) -> str | None:
+    """Why a client link may not be used as configured, or None: a bearer token is sent only
+    over TLS, or to a loopback address, unless the link is explicitly allowed to be insecure.
+    ``env`` names the variables for the message (keys "address", "tls", "allow_insecure")."""
+    if not address or not token or tls or allow_insecure or is_loopback(target_host(address)):
+        return None
+    return (
+        f"{env['address']}={address!r} is not a loopback address and the {name} link has a bearer token but "
+        f"no TLS (the token would cross the network in plaintext): set {env['tls']}, or "
+        f"{env['allow_insecure']}=true to send it anyway"
+    )
 
 
 S = TypeVar("S", bound=BaseSettings)
@@ -142,7 +205,8 @@ def _env_var(model: type[BaseSettings], field: str) -> str:
 
 
 def _describe(model: type[BaseSettings], exc: ValidationError) -> list[str]:
-    return [f"  {_env_var(model, str(e['loc'][0]) if e['loc'] else '')}: {e['msg']}" for e in exc.errors()]
+    # A model validator's error has no field: its message names the variables itself.
+    return [f"  {_env_var(model, str(e['loc'][0]))}: {e['msg']}" if e["loc"] else f"  {e['msg']}" for e in exc.errors()]
 
 
 def load_settings(cls: type[S]) -> S:

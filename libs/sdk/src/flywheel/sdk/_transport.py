@@ -15,6 +15,7 @@ from flywheel.api.common.v1.common_pb2 import EventMeta
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.api.subjects import Catalogue
+from flywheel.api.tls import ClientTls, channel
 from flywheel.sdk.decision import Decision, check_feedback
 
 if TYPE_CHECKING:
@@ -25,13 +26,26 @@ def metadata(auth_token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
 
 
-def credentials(tls_root_certificates: bytes | None) -> grpc.ChannelCredentials | None:
-    return grpc.ssl_channel_credentials(tls_root_certificates) if tls_root_certificates else None
+def client_tls(
+    root_certificates: bytes | None = None,
+    certificate_chain: bytes | None = None,
+    private_key: bytes | None = None,
+    server_name: str | None = None,
+) -> ClientTls | None:
+    """TLS when any TLS argument is given (mTLS with a client certificate and key), else None."""
+    if not (root_certificates or certificate_chain or private_key or server_name):
+        return None
+    return ClientTls(root_certificates, certificate_chain, private_key, server_name)
 
 
 class BlockingClient:
     """The channel, credentials, bearer token and per-call timeout the blocking admin and run
-    clients share; subclasses make their stubs in ``_bind`` and call through ``_call``."""
+    clients share; subclasses make their stubs in ``_bind`` and call through ``_call``.
+
+    TLS is on when any ``tls_*`` argument is given: ``tls_root_certificates`` (PEM CA; the
+    system roots without it), ``tls_certificate_chain`` and ``tls_private_key`` (PEM client
+    certificate and key, for a server that requires mTLS), ``tls_server_name`` (the name
+    to expect in the server's certificate when the target's host is not in it)."""
 
     def __init__(
         self,
@@ -39,10 +53,13 @@ class BlockingClient:
         target: str,
         auth_token: str | None = None,
         tls_root_certificates: bytes | None = None,
+        tls_certificate_chain: bytes | None = None,
+        tls_private_key: bytes | None = None,
+        tls_server_name: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
-        creds = credentials(tls_root_certificates)
-        self._channel = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
+        tls = client_tls(tls_root_certificates, tls_certificate_chain, tls_private_key, tls_server_name)
+        self._channel = channel(target, tls)
         self._metadata = metadata(auth_token)
         self._timeout = timeout_s
         self._bind(self._channel)

@@ -12,7 +12,10 @@ The endpoint file's schema is documented in ``flywheel.sdk.endpoint_file`` (and
 ``libs/sdk/examples/endpoint.yaml``). The optimizer is ``--target`` or
 ``$FLYWHEEL_OPTIMIZER_ADDRESS`` (default 127.0.0.1:50051); the bearer token is
 ``$FLYWHEEL_AUTH_TOKEN`` or the contents of ``--auth-token-file`` (never a flag value, so
-it stays out of process listings). Errors are one line on stderr and exit code 1.
+it stays out of process listings). TLS is on with any of ``--tls-ca``, ``--tls-cert`` and
+``--tls-key`` (mTLS) or ``--tls-server-name``, or their ``$FLYWHEEL_TLS_CA_FILE``,
+``$FLYWHEEL_TLS_CERT_FILE``, ``$FLYWHEEL_TLS_KEY_FILE``, ``$FLYWHEEL_TLS_SERVER_NAME``.
+Errors are one line on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -130,19 +133,32 @@ def _connection(args: argparse.Namespace) -> dict[str, Any]:
             token = Path(token_file).read_text().strip()
         except OSError as exc:
             raise CliError(f"--auth-token-file {token_file}: {exc.strerror or exc}") from None
-    roots = None
-    ca = getattr(args, "tls_ca", None)
-    if ca is not None:
-        try:
-            roots = Path(ca).read_bytes()
-        except OSError as exc:
-            raise CliError(f"--tls-ca {ca}: {exc.strerror or exc}") from None
+    tls: dict[str, Any] = {}
+    for flag, env, key in _TLS_FILES:
+        path = getattr(args, flag.removeprefix("--").replace("-", "_"), None) or os.environ.get(env) or None
+        if path is not None:
+            try:
+                tls[key] = Path(path).read_bytes()
+            except OSError as exc:
+                raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
+    if ("tls_certificate_chain" in tls) != ("tls_private_key" in tls):
+        raise CliError("--tls-cert and --tls-key go together ($FLYWHEEL_TLS_CERT_FILE, $FLYWHEEL_TLS_KEY_FILE)")
+    server_name = getattr(args, "tls_server_name", None) or os.environ.get("FLYWHEEL_TLS_SERVER_NAME") or None
     return {
         "target": target,
         "auth_token": token,
-        "tls_root_certificates": roots,
+        **tls,
+        "tls_server_name": server_name,
         "timeout_s": getattr(args, "timeout", None) or 10.0,
     }
+
+
+# flag, environment variable, client argument: TLS is on when any of them (or the server name) is set.
+_TLS_FILES = (
+    ("--tls-ca", "FLYWHEEL_TLS_CA_FILE", "tls_root_certificates"),
+    ("--tls-cert", "FLYWHEEL_TLS_CERT_FILE", "tls_certificate_chain"),
+    ("--tls-key", "FLYWHEEL_TLS_KEY_FILE", "tls_private_key"),
+)
 
 
 def _admin(args: argparse.Namespace) -> AdminClient:
@@ -599,7 +615,29 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
         help="file holding the bearer token (default $FLYWHEEL_AUTH_TOKEN)",
     )
     group.add_argument(
-        "--tls-ca", metavar="FILE", default=argparse.SUPPRESS, help="PEM root certificates: connect with TLS"
+        "--tls-ca",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="PEM root certificates: connect with TLS (default $FLYWHEEL_TLS_CA_FILE)",
+    )
+    group.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="PEM client certificate, for a server that requires mTLS (default $FLYWHEEL_TLS_CERT_FILE)",
+    )
+    group.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="PEM private key of --tls-cert (default $FLYWHEEL_TLS_KEY_FILE)",
+    )
+    group.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help="name to expect in the server's certificate, when the target's host is not in it; implies TLS "
+        "(default $FLYWHEEL_TLS_SERVER_NAME)",
     )
     group.add_argument(
         "--timeout", metavar="SECONDS", type=float, default=argparse.SUPPRESS, help="per-call timeout (default 10)"

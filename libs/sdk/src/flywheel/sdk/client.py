@@ -25,10 +25,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import grpc
-
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1.selection_service_pb2_grpc import SelectionServiceStub
+from flywheel.api.tls import aio_channel
 from flywheel.sdk import _transport
 from flywheel.sdk.decision import Decision, DecisionContext, check_feedback
 
@@ -53,10 +52,13 @@ class FlywheelClient:
         namespace: str = "flywheel",
         auth_token: str | None = None,
         tls_root_certificates: bytes | None = None,
+        tls_certificate_chain: bytes | None = None,
+        tls_private_key: bytes | None = None,
+        tls_server_name: str | None = None,
         source: str = "sdk",
     ) -> None:
-        creds = _transport.credentials(tls_root_certificates)
-        self._channel = grpc.aio.secure_channel(target, creds) if creds else grpc.aio.insecure_channel(target)
+        tls = _transport.client_tls(tls_root_certificates, tls_certificate_chain, tls_private_key, tls_server_name)
+        self._channel = aio_channel(target, tls)
         self._selection = SelectionServiceStub(self._channel)
         self._metadata = _transport.metadata(auth_token)
         self._nats = (

@@ -21,10 +21,9 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import grpc
-
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1.selection_service_pb2_grpc import SelectionServiceStub
+from flywheel.api.tls import channel
 from flywheel.sdk import _transport
 from flywheel.sdk.decision import Decision, DecisionContext, check_feedback
 
@@ -77,10 +76,13 @@ class SyncFlywheelClient:
         namespace: str = "flywheel",
         auth_token: str | None = None,
         tls_root_certificates: bytes | None = None,
+        tls_certificate_chain: bytes | None = None,
+        tls_private_key: bytes | None = None,
+        tls_server_name: str | None = None,
         source: str = "sdk",
     ) -> None:
-        creds = _transport.credentials(tls_root_certificates)
-        self._channel = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
+        tls = _transport.client_tls(tls_root_certificates, tls_certificate_chain, tls_private_key, tls_server_name)
+        self._channel = channel(target, tls)
         self._selection = SelectionServiceStub(self._channel)
         self._metadata = _transport.metadata(auth_token)
         self._nats = (

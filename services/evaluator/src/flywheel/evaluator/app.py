@@ -9,6 +9,7 @@ from datetime import timedelta
 import httpx
 
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest
+from flywheel.api.tls import ClientTls
 from flywheel.core import entrypoint
 from flywheel.core.infra import connect_bus
 from flywheel.core.lifecycle import ServiceParts
@@ -27,6 +28,14 @@ async def build(settings: EvaluatorSettings, parts: ServiceParts) -> None:
     judge = JudgeClient(
         settings.judge_address,
         auth_token=settings.judge_auth_token.get_secret_value() if settings.judge_auth_token else None,
+        tls=ClientTls.from_files(
+            ca_file=settings.judge_tls_ca_file,
+            cert_file=settings.judge_tls_cert_file,
+            key_file=settings.judge_tls_key_file,
+            server_name=settings.judge_tls_server_name,
+        )
+        if settings.judge_tls_on
+        else None,
         timeout_s=settings.judge_timeout_s,
     )
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.concurrency * 2), trust_env=False)

@@ -14,6 +14,7 @@ import grpc
 
 from flywheel.api.reward.v1 import reward_judge_service_pb2 as pb
 from flywheel.api.reward.v1 import reward_judge_service_pb2_grpc as pb_grpc
+from flywheel.api.tls import ClientTls, aio_channel
 
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -31,12 +32,22 @@ class JudgeScore:
 
 
 class JudgeClient:
-    """Calls ``RewardJudgeService.Score`` with a timeout, retrying transient failures."""
+    """Calls ``RewardJudgeService.Score`` with a timeout, retrying transient failures.
+
+    With ``tls`` the channel is TLS (mTLS when it holds a client certificate); whether a
+    token may travel without it is decided by the settings (``EvaluatorSettings``)."""
 
     def __init__(
-        self, address: str, *, auth_token: str | None = None, timeout_s: float = 30.0, attempts: int = 3
+        self,
+        address: str,
+        *,
+        auth_token: str | None = None,
+        tls: ClientTls | None = None,
+        timeout_s: float = 30.0,
+        attempts: int = 3,
     ) -> None:
         self.address = address
+        self._tls = tls
         self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
         self._timeout_s = timeout_s
         self._attempts = attempts
@@ -51,7 +62,7 @@ class JudgeClient:
         if not self.address:
             raise JudgeUnavailable("no reward judge configured (set FLYWHEEL_EVALUATOR_JUDGE_ADDRESS)")
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = aio_channel(self.address, self._tls)
             self._stub = pb_grpc.RewardJudgeServiceStub(self._channel)
         request = pb.ScoreRequest(
             prompt=prompt,
