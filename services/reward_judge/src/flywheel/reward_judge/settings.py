@@ -36,3 +36,22 @@ class RewardJudgeSettings(ServiceSettings):
     # sequence-classification checkpoint, optionally with a PEFT adapter); empty disables.
     reward_model: str = ""
     reward_model_batch_size: int = Field(16, ge=1, le=512)
+
+    # Bounds: no request makes the judge wait or work without a limit (docs/security.md).
+    # One LLM judgement, all its attempts and backoff included; past it the fallback answers.
+    llm_deadline_s: float = Field(120.0, gt=0, le=3600)
+    # One embedding similarity call (the first one loads MiniLM, which is also warmed at
+    # startup); past it the request gets DEADLINE_EXCEEDED, a reference fallback drops the
+    # embedding component.
+    embedding_deadline_s: float = Field(30.0, gt=0, le=3600)
+    # One reward-model scoring call, loading the checkpoint on first use included.
+    reward_model_deadline_s: float = Field(120.0, gt=0, le=3600)
+    # Model calls (embeddings, reward model) running at once; more wait, within their deadline.
+    model_calls_in_flight: int = Field(2, ge=1, le=64)
+    # A YAML rubric in PutRubric: its length, and its size with every alias expanded.
+    rubric_yaml_max_chars: int = Field(100_000, ge=1_000, le=10_000_000)
+    rubric_yaml_max_nodes: int = Field(10_000, ge=100, le=1_000_000)
+    # Aggregate and TraceReward request sizes.
+    max_aggregate_candidates: int = Field(10_000, ge=1, le=1_000_000)
+    max_signals_per_candidate: int = Field(64, ge=1, le=10_000)
+    max_trace_spans: int = Field(100_000, ge=1, le=10_000_000)

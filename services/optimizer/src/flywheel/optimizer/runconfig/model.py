@@ -8,6 +8,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flywheel.core import yaml_safe
+
 from .evaluation import EvaluationConfig, TestCase, load_test_cases
 from .sections import ApiConfig, OptimizationConfig, SocietyConfig
 from .space import SearchSpaceConfig
@@ -76,7 +78,7 @@ def load_run_config(path: Path | str, *, check_test_cases: bool = True) -> RunCo
     """Read and validate a YAML run config (and its test cases, relative to the file)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_safe.load(path.read_text())  # alias and size limits
     except yaml.YAMLError as exc:
         raise RunConfigError([f"(yaml): {exc}"], str(path)) from None
     config = parse_run_config(data, source=str(path))
