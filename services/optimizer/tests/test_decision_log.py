@@ -9,7 +9,13 @@ import asyncio
 import threading
 import time
 
+import asyncpg
+import grpc
+import pytest
+
+from flywheel.api.common.v1.common_pb2 import DeadLetter
 from flywheel.api.subjects import Catalogue
+from flywheel.core.errors import ResourceExhausted
 from flywheel.optimizer.decisions import Decision, DecisionLog, new_decision_id
 
 
@@ -104,3 +110,79 @@ async def test_a_full_buffer_is_written_before_the_interval_ends():
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class PickyDriver(FakeDriver):
+    """Refuses a whole statement when any row holds a NUL byte in user_id, as PostgreSQL does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statements = 0
+
+    async def execute(self, _sql: str, *columns: object) -> None:
+        self.statements += 1
+        if any("\x00" in u for u in columns[4]):  # type: ignore[attr-defined]
+            raise asyncpg.exceptions.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00')
+        await super().execute(_sql, *columns)
+
+
+class LetterPublisher(FakePublisher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.letters: list[tuple[str, DeadLetter, str]] = []
+
+    async def publish(self, subject: str, message: DeadLetter, *, msg_id: str) -> None:
+        self.letters.append((subject, message, msg_id))
+
+
+class DownDriver(FakeDriver):
+    async def execute(self, _sql: str, *columns: object) -> None:
+        raise ConnectionRefusedError("PostgreSQL is down")
+
+
+async def test_one_bad_row_is_dead_lettered_and_the_rest_of_its_batch_is_written():
+    engine, publisher = FakeEngine(), LetterPublisher()
+    engine.driver = PickyDriver()
+    log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=1000)  # type: ignore[arg-type]
+    good = [decision() for _ in range(200)]
+    bad = Decision(decision_id=new_decision_id(), endpoint="e", arm_id="a", params={}, probability=1.0, user_id="x\x00")
+    for d in [*good[:100], bad, *good[100:]]:
+        log.record(d)
+    assert await log.flush() == 201
+    assert engine.driver.inserted == [d.decision_id for d in good]  # every good row, in order
+    assert engine.driver.statements < 30  # found by bisecting, not one statement per row
+    assert bad.decision_id not in publisher.messages and log.pending == 0
+    [(subject, letter, msg_id)] = publisher.letters
+    assert subject == "t.deadletter.optimizer-decision-log"
+    assert bad.decision_id in letter.reason and "0x00" in letter.reason
+    assert msg_id == f"optimizer-decision-log:{bad.decision_id}"
+    # The next flush is an ordinary one statement again.
+    log.record(decision())
+    before = engine.driver.statements
+    await log.flush()
+    assert engine.driver.statements == before + 1
+
+
+async def test_past_its_high_water_mark_the_log_refuses_and_keeps_nothing_more():
+    engine, publisher = FakeEngine(), FakePublisher()
+    engine.driver = DownDriver()
+    log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=10, max_pending=25)  # type: ignore[arg-type]
+    for _ in range(25):
+        log.record(decision())
+    with pytest.raises(ResourceExhausted) as refused:
+        log.record(decision())
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "decision log is full" in str(refused.value)
+    # A failed flush moves the buffer to "unsent": that still counts, so there is no new room.
+    with pytest.raises(ConnectionRefusedError):
+        await log.flush()
+    assert log.pending == 25
+    for _ in range(3):
+        with pytest.raises(ResourceExhausted):
+            await asyncio.to_thread(log.record, decision())  # from a worker thread: no wait either
+    assert log.pending == 25
+    # PostgreSQL is back: everything kept is written, and there is room again.
+    engine.driver = FakeDriver()
+    assert await log.flush() == 25
+    log.record(decision())
+    assert log.pending == 1

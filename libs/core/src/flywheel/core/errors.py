@@ -64,3 +64,40 @@ def rejects_the_data(exc: BaseException) -> bool:
             return True  # raised while encoding a parameter, before anything was sent
         current = getattr(current, "orig", None) or current.__cause__  # SQLAlchemy wraps the driver's error
     return False
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` says a dependency is away or slow (connection refused or lost, a
+    timeout, PostgreSQL shutting down, NATS reconnecting, :class:`Unavailable`): retrying the
+    same work later can succeed, and splitting a batch to find a culprit would not help."""
+    import asyncpg
+    import nats.errors
+
+    transient = (
+        OSError,
+        TimeoutError,
+        Unavailable,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, query cancelled
+        asyncpg.exceptions.InsufficientResourcesError,
+        nats.errors.Error,
+    )
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, transient) or getattr(current, "connection_invalidated", False):
+            return True
+        current = getattr(current, "orig", None) or current.__cause__
+    return False
+
+
+def describe(exc: BaseException, limit: int = 500) -> str:
+    """A short reason for a dead letter: the database driver's own message when there is one
+    (SQLAlchemy's text adds the statement and its parameters), else the exception's."""
+    current: BaseException = exc
+    while getattr(current, "orig", None) is not None:
+        current = current.orig  # type: ignore[attr-defined]
+    text = f"{type(current).__name__}: {current}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

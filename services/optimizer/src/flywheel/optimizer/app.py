@@ -49,7 +49,11 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     cache = PosteriorCache(database.sessions, refresh_interval_s=settings.refresh_interval_s)
     await cache.refresh()
     decisions = DecisionLog(
-        database.engine, bus.publisher, bus.catalogue, flush_interval_s=settings.decision_flush_interval_s
+        database.engine,
+        bus.publisher,
+        bus.catalogue,
+        flush_interval_s=settings.decision_flush_interval_s,
+        max_pending=settings.decision_log_max_pending,
     )
     selector = Selector(cache, decisions, StickySessions(database.sessions))
     lifecycle = ArmLifecycle(database.sessions, cache, interval_s=settings.lifecycle_interval_s)

@@ -8,6 +8,7 @@ from typing import Any
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
+from flywheel.core.validation import check_enum, struct_to_dict
 from flywheel.optimizer.snapshot import EndpointSnapshot
 from flywheel.optimizer.spec import (
     ACTIVE,
@@ -16,6 +17,7 @@ from flywheel.optimizer.spec import (
     GAUSSIAN,
     IDS,
     LINEAR,
+    MAX_PARAMS_BYTES,
     RETIRED,
     THOMPSON,
     ArmSpec,
@@ -69,17 +71,22 @@ def _from_value(value: Value) -> Any:
     return None
 
 
-def arm_spec(arm: pb.Arm) -> ArmSpec:
+def arm_spec(arm: pb.Arm, field: str = "arm") -> ArmSpec:
+    """The arm as plain values; its params and status are checked here (``field`` names it in
+    the error: ``endpoint.arms[2].params.model: contains a NUL byte``)."""
+    check_enum(arm.status, pb.ArmStatus, f"{field}.status")
     return ArmSpec(
         arm_id=arm.arm_id,
-        params=from_struct(arm.params),
-        status=_STATUS_FROM_PB.get(arm.status, "retired") if arm.status else ACTIVE,
+        params=struct_to_dict(arm.params, f"{field}.params", max_bytes=MAX_PARAMS_BYTES),
+        status=_STATUS_FROM_PB[arm.status] if arm.status else ACTIVE,
         traffic_cap=arm.traffic_cap or 1.0,
     )
 
 
-def policy_config(spec: pb.PolicySpec) -> PolicyConfig:
-    """Fill the proto's zero values with the defaults."""
+def policy_config(spec: pb.PolicySpec, field: str = "endpoint.policy") -> PolicyConfig:
+    """Fill the proto's zero values with the defaults (enums checked, naming ``field``)."""
+    check_enum(spec.kind, pb.PolicyKind, f"{field}.kind")
+    check_enum(spec.allocation, pb.Allocation, f"{field}.allocation")
     d = PolicyConfig()
     return PolicyConfig(
         kind=_KIND_FROM_PB.get(spec.kind, f"unknown({spec.kind})"),
@@ -135,7 +142,7 @@ def endpoint_spec(ep: pb.Endpoint) -> EndpointSpec:
     return EndpointSpec(
         name=ep.name,
         description=ep.description,
-        arms=[arm_spec(a) for a in ep.arms],
+        arms=[arm_spec(a, f"endpoint.arms[{i}]") for i, a in enumerate(ep.arms)],
         policy=policy_config(ep.policy),
         signal_weights=dict(ep.reward_spec.signal_weights),
         bounded=bounded,

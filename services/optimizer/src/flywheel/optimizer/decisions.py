@@ -9,6 +9,14 @@ JetStream message per decision cost more CPU than the Select that made it). A ba
 fails is retried as it was, so its messages keep their dedup ids. SIGTERM flushes what is
 left. A hard crash can lose the last interval's decisions (about 20 ms); feedback for
 those is dead-lettered as "decision never logged", never applied blindly.
+
+Bounds: the log holds at most ``max_pending`` decisions not yet written; past that, ``record``
+raises ResourceExhausted (Select answers RESOURCE_EXHAUSTED) and appends nothing, so an
+outage of PostgreSQL or NATS costs bounded memory. One bad row never stalls the rest: when
+the batch INSERT fails because of its data (not the connection), the batch is bisected until
+the rows at fault are found; they are dead-lettered on ``<ns>.deadletter.optimizer-decision-log``
+with the database's reason and the others are written. The same for a decision event the bus
+refuses. Select's door validation makes both rare; the normal path pays nothing for them.
 """
 
 from __future__ import annotations
@@ -25,15 +33,21 @@ from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
+from nats.errors import MaxPayloadError
+from nats.js.errors import BadRequestError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from flywheel.api.common.v1.common_pb2 import EventMeta
+from flywheel.api.common.v1.common_pb2 import DeadLetter, EventMeta
 from flywheel.api.optimizer.v1 import events_pb2
 from flywheel.api.subjects import Catalogue
 from flywheel.core.bus.publisher import Publisher
+from flywheel.core.errors import ResourceExhausted, rejects_the_data
 from flywheel.core.logging import get_logger
 
 log = get_logger(__name__)
+
+# Where decisions that can never be written or published go, with the reason.
+DEAD_LETTER_NAME = "optimizer-decision-log"
 
 # One statement per flush, its rows as arrays: a column per parameter, unnested in the server.
 # Context and features travel as one JSON array for the whole batch, because one json.dumps
@@ -99,6 +113,7 @@ class DecisionLog:
         *,
         flush_interval_s: float = 0.02,
         max_batch: int = 1000,
+        max_pending: int | None = None,
     ) -> None:
         self._engine = engine
         # One connection held for the log's lifetime: a pool checkout per flush (with its
@@ -116,7 +131,8 @@ class DecisionLog:
         # record() may be called from the sync gRPC server's worker threads.
         self._buffer_lock = threading.Lock()
         self._room = threading.Condition(self._buffer_lock)
-        self._high_water = 10 * max_batch
+        self._high_water = max_pending or 10 * max_batch
+        self._unsent_n = 0  # len(self._unsent), read by record() under the lock
         self._woken = False
         # Set while the flusher sleeps on an empty buffer; the first record() after it wakes it.
         self._idle = False
@@ -125,12 +141,16 @@ class DecisionLog:
         self._loop_thread = threading.get_ident()
 
     def record(self, decision: Decision) -> None:
+        """Buffer a decision for the next flush; raise ResourceExhausted (and keep nothing) when
+        ``max_pending`` decisions are already waiting to be written."""
         with self._room:
-            if len(self._buffer) >= self._high_water and threading.get_ident() != self._loop_thread:
-                # A worker thread of the sync gRPC server, far ahead of the flusher: wait for it (at
-                # most a second, so Select never hangs on an unreachable PostgreSQL), which keeps
-                # Select from outrunning the log. The loop's own thread never waits here.
-                self._room.wait_for(lambda: len(self._buffer) < self._high_water, timeout=1.0)
+            if len(self._buffer) + self._unsent_n >= self._high_water:
+                # Refuse rather than wait or grow: waiting held Select's threads for a second
+                # each and then appended anyway, so an outage grew the buffer without limit.
+                raise ResourceExhausted(
+                    f"the decision log is full: {self._high_water} decisions are waiting to be written "
+                    "(PostgreSQL or NATS is unreachable or slow); retry with backoff"
+                )
             self._buffer.append(decision)
             # Wake the flusher once per full buffer: from a worker thread each wake-up is a byte on
             # the loop's self-pipe, which is also its signal wake-up fd (a full pipe loses SIGTERM).
@@ -186,19 +206,25 @@ class DecisionLog:
                 # The batch that failed last time, exactly as it was: the same messages with the
                 # same dedup ids, so JetStream keeps one copy of whatever it had already stored.
                 await self._write(self._unsent)
-                written, self._unsent = len(self._unsent), []
+                written = len(self._unsent)
+                self._set_unsent([])
             with self._room:
                 batch, self._buffer = self._buffer, []
+                # Counted as unsent in the same breath, so record() never sees room that is not there.
+                self._unsent, self._unsent_n = batch, len(batch)
                 self._woken = False
                 self._room.notify_all()
             if batch:
                 # Kept until written, also on cancellation (SIGTERM): rows are inserted ON CONFLICT
                 # DO NOTHING and messages dedup by id, so writing a batch again is harmless.
-                self._unsent = batch
                 await self._write(batch)
-                self._unsent = []
+                self._set_unsent([])
                 written += len(batch)
             return written
+
+    def _set_unsent(self, batch: list[Decision]) -> None:
+        with self._room:
+            self._unsent, self._unsent_n = batch, len(batch)
 
     @property
     def pending(self) -> int:
@@ -221,6 +247,22 @@ class DecisionLog:
                 await conn.close()
 
     async def _write(self, batch: list[Decision]) -> None:
+        """Insert the rows, then publish the events. Rows or events that can never be written
+        (found by bisecting a failed batch) are dead-lettered and left out; any other failure
+        (connection, timeout) raises, and the whole batch is retried later."""
+        refused = await self._insert(batch)
+        if refused:
+            bad = {d.decision_id for d, _ in refused}
+            batch = [d for d in batch if d.decision_id not in bad]
+        # Rows first: a consumer of the event may look the decision up.
+        refused += await self._publish(batch)
+        if refused:
+            await self._dead_letter(refused)
+
+    async def _insert(self, batch: list[Decision]) -> list[tuple[Decision, str]]:
+        """Insert ``batch``; returns the rows refused for their data, with the reason."""
+        if not batch:
+            return []
         columns = (
             [d.decision_id for d in batch],
             [d.endpoint for d in batch],
@@ -238,13 +280,80 @@ class DecisionLog:
         try:
             raw = await self._conn.get_raw_connection()
             await raw.driver_connection.execute(_INSERT, *columns)  # type: ignore[union-attr]
+        except Exception as exc:
+            if not rejects_the_data(exc):
+                await self._drop_connection(broken=True)  # PostgreSQL restarted or unreachable
+                raise
+            # A row the database refuses (too long, NUL, bad JSON): the statement changed
+            # nothing (no transaction is open on this connection), so halve and try again.
+            if len(batch) == 1:
+                return [(batch[0], f"the decision log refused the row: {type(exc).__name__}: {exc}")]
+            half = len(batch) // 2
+            return await self._insert(batch[:half]) + await self._insert(batch[half:])
         except BaseException:
-            await self._drop_connection(broken=True)  # PostgreSQL restarted, or cancelled mid-write
+            await self._drop_connection(broken=True)  # cancelled mid-write: state unknown
             raise
-        # Rows first: a consumer of the event may look the decision up.
-        await self._publisher.publish_many(
-            [(self._subject(endpoint), message, message.meta.event_id) for endpoint, message in self._messages(batch)]
-        )
+        return []
+
+    async def _publish(self, batch: list[Decision]) -> list[tuple[Decision, str]]:
+        """Publish the decision events of ``batch``; returns the decisions the bus refuses."""
+        refused: list[tuple[Decision, str]] = []
+        messages = []
+        for endpoint, message in self._messages(batch):
+            if len(message.decisions) == 1 and message.ByteSize() > MAX_MESSAGE_BYTES:
+                reason = (
+                    f"its decision event is {message.ByteSize()} bytes, more than the bus takes ({MAX_MESSAGE_BYTES})"
+                )
+                refused.append((_decision_of(batch, message), reason))
+            else:
+                messages.append((endpoint, message))
+        try:
+            await self._publisher.publish_many([self._item(e, m) for e, m in messages])
+        except (BadRequestError, MaxPayloadError):
+            # One message the server refuses (a stream's max_msg_size, a smaller max_payload):
+            # send them one at a time, a refused batch split to single decisions.
+            for endpoint, message in messages:
+                refused += await self._publish_alone(batch, endpoint, message)
+        return refused
+
+    async def _publish_alone(
+        self, batch: list[Decision], endpoint: str, message: events_pb2.DecisionBatch
+    ) -> list[tuple[Decision, str]]:
+        try:
+            await self._publisher.publish_many([self._item(endpoint, message)])
+            return []
+        except (BadRequestError, MaxPayloadError) as exc:
+            if len(message.decisions) == 1:
+                return [(_decision_of(batch, message), f"the bus refused its decision event: {exc!r}")]
+        refused = []
+        by_id = {d.decision_id: d for d in batch}
+        for event in message.decisions:
+            [single] = self._batch_messages([by_id[event.decision_id]])
+            refused += await self._publish_alone(batch, endpoint, single)
+        return refused
+
+    def _item(self, endpoint: str, message: events_pb2.DecisionBatch) -> tuple[str, events_pb2.DecisionBatch, str]:
+        return self._subject(endpoint), message, message.meta.event_id
+
+    async def _dead_letter(self, refused: list[tuple[Decision, str]]) -> None:
+        """Publish each refused decision on the dead-letter subject with its reason (its event as
+        the payload when that fits), deduplicated by decision id, so a retried flush sends it once."""
+        subject = self._catalogue.dead_letter(DEAD_LETTER_NAME)
+        now = Timestamp()
+        now.GetCurrentTime()
+        for decision, reason in refused:
+            event = events_pb2.DecisionEvent()
+            _fill_event(event, decision)
+            payload = event.SerializeToString()
+            letter = DeadLetter(
+                subject=self._subject(decision.endpoint),
+                consumer=DEAD_LETTER_NAME,
+                reason=f"decision {decision.decision_id}: {reason}",
+                payload=payload if len(payload) <= MAX_MESSAGE_BYTES // 2 else b"",
+                time=now,
+            )
+            await self._publisher.publish(subject, letter, msg_id=f"{DEAD_LETTER_NAME}:{decision.decision_id}")
+            log.warning("decision dead-lettered", decision_id=decision.decision_id, reason=reason)
 
     def _subject(self, endpoint: str) -> str:
         subject = self._subjects.get(endpoint)
@@ -282,6 +391,11 @@ class DecisionLog:
 
 # Below NATS's default max_payload (1 MiB), with room for headers.
 MAX_MESSAGE_BYTES = 900 * 1024
+
+
+def _decision_of(batch: list[Decision], message: events_pb2.DecisionBatch) -> Decision:
+    decision_id = message.decisions[0].decision_id
+    return next(d for d in batch if d.decision_id == decision_id)
 
 
 def _timestamp(moment: datetime) -> Timestamp:

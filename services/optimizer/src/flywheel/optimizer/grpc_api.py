@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -17,10 +17,11 @@ from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2_grpc as ope_grpc
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
-from flywheel.core.errors import InvalidArgument, Unavailable
+from flywheel.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from flywheel.core.validation import check_number, check_numbers, check_string, check_timestamp, struct_to_dict
 from flywheel.optimizer import ope_service, service
 from flywheel.optimizer.cache import PosteriorCache
-from flywheel.optimizer.convert import arm_spec, arm_stats, endpoint_message, endpoint_spec, from_struct, struct
+from flywheel.optimizer.convert import arm_spec, arm_stats, endpoint_message, endpoint_spec, struct
 from flywheel.optimizer.decisions import Decision, DecisionLog
 from flywheel.optimizer.feedback_batcher import FeedbackBatcher
 from flywheel.optimizer.ope_service import Candidate
@@ -29,25 +30,59 @@ from flywheel.optimizer.service import FeedbackItem
 from flywheel.optimizer.spec import RETIRED
 
 MAX_BATCH = 1000
+# Serialized size of a Select's context. Every decision event carries its context and its arm's
+# params (at most spec.MAX_PARAMS_BYTES), so one decision always fits NATS's default max_payload
+# (1 MiB; decisions.MAX_MESSAGE_BYTES is 900 KiB) and the decision log never holds an event the
+# bus refuses.
+MAX_CONTEXT_BYTES = 64 * 1024
+# Column widths of the decision log (migrations/versions/0001_initial.py).
+USER_ID_CHARS = SESSION_ID_CHARS = 256
+# A worker thread of the sync server waits at most this long for a Select it handed to the loop.
+SELECT_ON_LOOP_TIMEOUT_S = 30.0
 
 
-def _select_args(r: sel_pb.SelectRequest) -> dict[str, Any]:
-    """Selector keyword arguments from a request (its context both as a dict and as the Struct)."""
+def _select_args(r: sel_pb.SelectRequest, field: str = "") -> dict[str, Any]:
+    """Selector keyword arguments from a request (its context both as a dict and as the Struct),
+    refusing at the door what the decision log could not store or the bus could not carry."""
     has_context = r.HasField("context")
+    check_string(r.endpoint, f"{field}endpoint", max_len=service.ENDPOINT_CHARS)
+    check_string(r.user_id, f"{field}user_id", max_len=USER_ID_CHARS)
+    check_string(r.session_id, f"{field}session_id", max_len=SESSION_ID_CHARS)
     return {
         "endpoint": r.endpoint,
         "user_id": r.user_id,
         "session_id": r.session_id,
-        "context": from_struct(r.context) if has_context else {},
+        "context": struct_to_dict(r.context, f"{field}context", max_bytes=MAX_CONTEXT_BYTES) if has_context else {},
         "context_struct": r.context if has_context else None,
     }
 
 
-def _check_batch(request: sel_pb.SelectBatchRequest) -> None:
+def _batch_args(request: sel_pb.SelectBatchRequest) -> list[dict[str, Any]]:
+    """Every request of a batch checked before any decision is made: a bad one refuses the call."""
     if not request.requests:
         raise InvalidArgument("SelectBatch needs at least one request")
     if len(request.requests) > MAX_BATCH:
         raise InvalidArgument(f"SelectBatch takes at most {MAX_BATCH} requests, got {len(request.requests)}")
+    return [_select_args(r, f"requests[{i}].") for i, r in enumerate(request.requests)]
+
+
+def _feedback_item(request: sel_pb.UpdateRequest) -> FeedbackItem:
+    check_string(request.feedback_id, "feedback_id", max_len=service.EVENT_ID_CHARS)
+    check_string(request.decision_id, "decision_id", max_len=service.DECISION_ID_CHARS, required=True)
+    check_numbers(request.signals, "signals")
+    if request.HasField("reward"):
+        check_number(request.reward, "reward")
+    return FeedbackItem(
+        event_id=request.feedback_id or f"rpc-{uuid.uuid4().hex}",
+        decision_id=request.decision_id,
+        reward=request.reward if request.HasField("reward") else None,
+        signals=dict(request.signals),
+    )
+
+
+def _name(value: str, field: str) -> str:
+    """An endpoint name from a request: not empty, no longer than its column, no NUL."""
+    return check_string(value, field, max_len=service.ENDPOINT_CHARS, required=True, what="the endpoint's name")
 
 
 def _response(d: Decision) -> sel_pb.SelectResponse:
@@ -70,42 +105,38 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         self._feedback = FeedbackBatcher(sessions, feedback_window)
         self._loop = asyncio.get_running_loop()
 
-    def _select_sync(self, r: sel_pb.SelectRequest) -> Decision:
+    def _select_sync(self, args: dict[str, Any]) -> Decision:
         """For the sync server's worker threads: decide here when no await is needed, else on the loop."""
-        args = _select_args(r)
         decision = self._selector.select_now(**args)
         if decision is None:
-            decision = asyncio.run_coroutine_threadsafe(self._selector.select(**args), self._loop).result()
+            future = asyncio.run_coroutine_threadsafe(self._selector.select(**args), self._loop)
+            try:
+                decision = future.result(timeout=SELECT_ON_LOOP_TIMEOUT_S)
+            except TimeoutError:
+                future.cancel()
+                raise DeadlineExceeded(f"Select did not finish within {SELECT_ON_LOOP_TIMEOUT_S:g}s") from None
         return decision
 
     def Select_sync(self, request: sel_pb.SelectRequest, context: grpc.ServicerContext) -> sel_pb.SelectResponse:
-        return _response(self._select_sync(request))
+        return _response(self._select_sync(_select_args(request)))
 
     def SelectBatch_sync(
         self, request: sel_pb.SelectBatchRequest, context: grpc.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
-        _check_batch(request)
-        return sel_pb.SelectBatchResponse(decisions=[_response(self._select_sync(r)) for r in request.requests])
-
-    async def _select(self, r: sel_pb.SelectRequest) -> Decision:
-        return await self._selector.select(**_select_args(r))
+        return sel_pb.SelectBatchResponse(decisions=[_response(self._select_sync(a)) for a in _batch_args(request)])
 
     async def Select(self, request: sel_pb.SelectRequest, context: grpc.aio.ServicerContext) -> sel_pb.SelectResponse:
-        return _response(await self._select(request))
+        return _response(await self._selector.select(**_select_args(request)))
 
     async def SelectBatch(
         self, request: sel_pb.SelectBatchRequest, context: grpc.aio.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
-        _check_batch(request)
-        return sel_pb.SelectBatchResponse(decisions=[_response(await self._select(r)) for r in request.requests])
+        return sel_pb.SelectBatchResponse(
+            decisions=[_response(await self._selector.select(**a)) for a in _batch_args(request)]
+        )
 
     async def Update(self, request: sel_pb.UpdateRequest, context: grpc.aio.ServicerContext) -> sel_pb.UpdateResponse:
-        item = FeedbackItem(
-            event_id=request.feedback_id or f"rpc-{uuid.uuid4().hex}",
-            decision_id=request.decision_id,
-            reward=request.reward if request.HasField("reward") else None,
-            signals=dict(request.signals),
-        )
+        item = _feedback_item(request)
         try:
             outcome, committed = await self._feedback.apply(item)
         except Unavailable:
@@ -131,9 +162,8 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
     async def GetEndpoint(
         self, request: admin_pb.GetEndpointRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.GetEndpointResponse:
-        if not request.name:
-            raise InvalidArgument("endpoint name is empty")
-        return admin_pb.GetEndpointResponse(endpoint=endpoint_message(await self._cache.load(request.name)))
+        snap = await self._cache.load(_name(request.name, "name"))
+        return admin_pb.GetEndpointResponse(endpoint=endpoint_message(snap))
 
     async def ListEndpoints(
         self, request: admin_pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
@@ -154,12 +184,15 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
         self, request: admin_pb.AddArmRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.AddArmResponse:
         async with self._sessions() as session:
-            await service.add_arm(session, endpoint=request.endpoint, arm=arm_spec(request.arm))
+            arm = arm_spec(request.arm, "arm")
+            await service.add_arm(session, endpoint=_name(request.endpoint, "endpoint"), arm=arm)
         return admin_pb.AddArmResponse(endpoint=endpoint_message(await self._cache.load(request.endpoint)))
 
     async def RetireArm(
         self, request: admin_pb.RetireArmRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.RetireArmResponse:
+        _name(request.endpoint, "endpoint")
+        check_string(request.arm_id, "arm_id", max_len=128, required=True)
         async with self._sessions() as session:
             await service.set_arm_status(session, endpoint=request.endpoint, arm_id=request.arm_id, status=RETIRED)
             await session.commit()
@@ -177,9 +210,15 @@ class OffPolicyServicer(ope_grpc.OffPolicyServiceServicer):
     async def EstimatePolicyValue(
         self, request: ope_pb.EstimatePolicyValueRequest, context: grpc.aio.ServicerContext
     ) -> ope_pb.EstimatePolicyValueResponse:
-        if not request.endpoint:
-            raise InvalidArgument("endpoint name is empty")
+        _name(request.endpoint, "endpoint")
         which = request.candidate.WhichOneof("kind")
+        if which == "arm_id":
+            check_string(request.candidate.arm_id, "candidate.arm_id", max_len=128)
+        elif which == "distribution":
+            check_numbers(request.candidate.distribution.probabilities, "candidate.distribution.probabilities")
+        since = check_timestamp(request.since, "since") if request.HasField("since") else None
+        until = check_timestamp(request.until, "until") if request.HasField("until") else None
+        check_number(request.confidence, "confidence")
         candidate = Candidate(
             arm_id=request.candidate.arm_id if which == "arm_id" else "",
             distribution=dict(request.candidate.distribution.probabilities) if which == "distribution" else None,
@@ -191,8 +230,8 @@ class OffPolicyServicer(ope_grpc.OffPolicyServiceServicer):
                 session,
                 snap=snap,
                 candidate=candidate,
-                since=request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None,
-                until=request.until.ToDatetime(tzinfo=UTC) if request.HasField("until") else None,
+                since=since,
+                until=until,
                 confidence=request.confidence or 0.95,
             )
         return ope_pb.EstimatePolicyValueResponse(

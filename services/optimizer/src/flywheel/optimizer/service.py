@@ -24,6 +24,7 @@ from flywheel.core.errors import (
     ServiceError,
     Unavailable,
 )
+from flywheel.core.validation import check_numbers, check_string
 from flywheel.optimizer import stats
 from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.models import ArmRow, DecisionRow, EndpointRow
@@ -32,6 +33,7 @@ from flywheel.optimizer.spec import (
     ACTIVE,
     CANARY,
     LINEAR,
+    MAX_ABS_REWARD,
     RETIRED,
     ArmSpec,
     EndpointSpec,
@@ -44,6 +46,10 @@ from flywheel.optimizer.spec import (
 # Feedback for a decision younger than this that is not in the log yet is retried, not
 # rejected: the deciding replica may not have flushed it.
 DECISION_GRACE_S = 30.0
+# Column widths of applied_feedback / decisions (migrations/versions/0001_initial.py).
+EVENT_ID_CHARS = 128
+DECISION_ID_CHARS = 64
+ENDPOINT_CHARS = 64
 
 # The two statements of a feedback batch take arrays, so each is compiled (and prepared by
 # asyncpg) once, whatever the batch size; a multi-row VALUES is compiled anew per batch.
@@ -187,6 +193,8 @@ class FeedbackItem:
     decision_id: str
     reward: float | None
     signals: dict[str, float]
+    # The endpoint the sender says the decision is from ("" when it does not say): checked.
+    endpoint: str = ""
 
 
 async def apply_feedback(
@@ -212,9 +220,15 @@ def _check(item: FeedbackItem) -> None:
         raise InvalidArgument("feedback has no event id (meta.event_id / feedback_id)")
     if not item.decision_id:
         raise InvalidArgument("feedback has no decision_id")
+    # What reaches SQL: ids that fit their columns, no NUL (the gRPC door and the bus handler
+    # check the same with their own field names first; this keeps a batch safe from any caller).
+    check_string(item.event_id, "event_id", max_len=EVENT_ID_CHARS)
+    check_string(item.decision_id, "decision_id", max_len=DECISION_ID_CHARS)
+    check_string(item.endpoint, "endpoint", max_len=ENDPOINT_CHARS)
     values = [*([item.reward] if item.reward is not None else []), *item.signals.values()]
     if any(not math.isfinite(v) for v in values):
         raise InvalidArgument("reward and signals must be finite numbers")
+    check_numbers(item.signals, "signals")
 
 
 def _missing_decision(decision_id: str) -> ServiceError:
@@ -258,6 +272,12 @@ async def apply_feedback_batch(
         if decision is None:
             outcomes[i] = _missing_decision(item.decision_id)
             continue
+        if item.endpoint and item.endpoint != decision.endpoint:
+            outcomes[i] = InvalidArgument(
+                f"endpoint: the feedback names {item.endpoint!r}, but decision {item.decision_id!r} "
+                f"was made by {decision.endpoint!r}"
+            )
+            continue
         endpoint = endpoints.get(decision.endpoint)
         if endpoint is None:
             outcomes[i] = NotFound(f"endpoint {decision.endpoint!r} of decision {item.decision_id!r} is gone")
@@ -272,6 +292,13 @@ async def apply_feedback_batch(
             continue
         if endpoint.reward_spec.get("bounded", True):
             value = min(1.0, max(0.0, value))
+        elif not abs(value) <= MAX_ABS_REWARD:  # also NaN/inf from weighting huge signals
+            # Refused, not clipped: a clipped 1e300 would still pull the posterior far off.
+            outcomes[i] = InvalidArgument(
+                f"reward: {value:g} is outside [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}], the range an "
+                f"unbounded ({endpoint.policy_kind}) endpoint takes; rescale it"
+            )
+            continue
         pending.append((i, decision, value))  # type: ignore[arg-type]  # a Row with DecisionRow's columns
 
     applied_ids: set[str] = set()

@@ -24,6 +24,9 @@ class OptimizerSettings(ServiceSettings):
     refresh_interval_s: float = Field(0.5, gt=0, le=60)
     # How often buffered decisions are written and published.
     decision_flush_interval_s: float = Field(0.02, gt=0, le=5)
+    # Decisions made but not yet written (PostgreSQL or NATS slow or away): past this many,
+    # Select answers RESOURCE_EXHAUSTED instead of buffering more (bounded memory in an outage).
+    decision_log_max_pending: int = Field(10_000, ge=1)
     # How often the elected replica judges incumbents and canaries.
     lifecycle_interval_s: float = Field(2.0, gt=0)
     # How often the run driver steps each running batch run (fold results, send requests).

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from flywheel.core.errors import InvalidArgument
+from flywheel.core.validation import check_string, string_problem
 
 ENDPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -18,6 +19,13 @@ BETA, GAUSSIAN, LINEAR = "thompson_beta", "thompson_gaussian", "linear_thompson"
 POLICY_KINDS = (BETA, GAUSSIAN, LINEAR)
 THOMPSON, IDS = "thompson", "ids"
 ALLOCATIONS = (THOMPSON, IDS)
+# Rewards of an unbounded (thompson_gaussian) endpoint must lie in [-MAX_ABS_REWARD,
+# MAX_ABS_REWARD]; larger ones are refused. The posterior keeps sums of squared rewards in
+# float64: with 1e9 that is 1e18 per pull, far from overflow, where 1e300 made it NaN.
+MAX_ABS_REWARD = 1e9
+# Serialized size of an arm's params: every decision event carries them (with the context), and
+# one decision must fit NATS's max payload (1 MiB by default) with room to spare.
+MAX_PARAMS_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,23 @@ def check_policy(policy: PolicyConfig, *, n_arms: int, bounded: bool) -> None:
         raise InvalidArgument("context_features has duplicates")
     if not 0 < policy.canary_retire_probability < policy.canary_promote_probability < 1:
         raise InvalidArgument("canary probabilities need 0 < retire_probability < promote_probability < 1")
+    for name in ("incumbent_min_pulls", "canary_min_pulls"):
+        if getattr(policy, name) < 0:
+            raise InvalidArgument(f"{name} must be >= 0, got {getattr(policy, name)}")
+    if not math.isfinite(policy.incumbent_max_interval_width) or policy.incumbent_max_interval_width <= 0:
+        raise InvalidArgument(
+            f"incumbent_max_interval_width must be a finite number > 0, got {policy.incumbent_max_interval_width}"
+        )
+    _finite_nonneg(policy.incumbent_min_margin, "incumbent_min_margin")
+    if not math.isfinite(policy.ridge_lambda):
+        raise InvalidArgument(f"ridge_lambda must be a finite number, got {policy.ridge_lambda}")
+    for i, name in enumerate(policy.context_features):
+        problem = string_problem(name, max_len=256)
+        if problem is not None or not name:
+            raise InvalidArgument(f"context_features[{i}] {problem or 'is empty'}")
+    problem = string_problem(policy.segment_key, max_len=256)
+    if problem is not None:
+        raise InvalidArgument(f"segment_key {problem}")
 
 
 def validate_endpoint(spec: EndpointSpec) -> None:
@@ -138,5 +163,10 @@ def validate_endpoint(spec: EndpointSpec) -> None:
     if all(a.status == CANARY for a in spec.arms):
         raise InvalidArgument(f"endpoint {spec.name!r} needs at least one active (non-canary) arm")
     check_policy(spec.policy, n_arms=len(spec.arms), bounded=spec.bounded)
+    check_string(spec.description, "description", max_len=4096)
     if any(not math.isfinite(w) or w < 0 for w in spec.signal_weights.values()):
         raise InvalidArgument("signal weights must be finite and non-negative")
+    for name in spec.signal_weights:
+        problem = string_problem(name, max_len=256)
+        if problem is not None:
+            raise InvalidArgument(f"reward_spec.signal_weights: key {name[:40]!r} {problem}")

@@ -16,6 +16,7 @@ from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import SpanStatus
 from flywheel.core.errors import InvalidArgument, NotFound
+from flywheel.core.validation import check_number, check_string, check_timestamp
 from flywheel.trace_store import service
 from flywheel.trace_store.exports import Exporter, ExportParams
 from flywheel.trace_store.ingest import SpanWriter
@@ -25,12 +26,19 @@ from flywheel.trace_store.segments import SegmentStore
 from flywheel.trace_store.spans import TRACE_ID, InvalidSpan, Limits, validate_batch
 
 
-def trace_filter(request: pb.QueryTracesRequest) -> TraceFilter:
-    """The query fields of a request as a filter."""
+def trace_filter(request: pb.QueryTracesRequest, field: str = "") -> TraceFilter:
+    """The query fields of a request as a filter, checked at the door (``field`` prefixes the
+    names in errors, e.g. ``filter.text``)."""
+    check_string(request.agent, f"{field}agent", max_len=64)
+    check_string(request.endpoint, f"{field}endpoint", max_len=64)
+    check_string(request.decision_id, f"{field}decision_id", max_len=64)
+    check_string(request.text, f"{field}text", max_len=1024)
+    check_string(request.page.page_token, f"{field}page.page_token", max_len=1024)
     return TraceFilter(
         agent=request.agent,
-        start_after=request.start_after.ToDatetime(tzinfo=UTC) if request.HasField("start_after") else None,
-        start_before=request.start_before.ToDatetime(tzinfo=UTC) if request.HasField("start_before") else None,
+        start_after=check_timestamp(request.start_after, f"{field}start_after") or _at_epoch(request, "start_after"),
+        start_before=check_timestamp(request.start_before, f"{field}start_before")
+        or _at_epoch(request, "start_before"),
         endpoint=request.endpoint,
         decision_id=request.decision_id,
         min_reward=request.min_reward if request.HasField("min_reward") else None,
@@ -38,6 +46,11 @@ def trace_filter(request: pb.QueryTracesRequest) -> TraceFilter:
         text=request.text,
         status=request.status,
     )
+
+
+def _at_epoch(request: pb.QueryTracesRequest, name: str) -> Any:
+    """A timestamp set to the epoch itself (check_timestamp reads 0 as unset); None if unset."""
+    return getattr(request, name).ToDatetime(tzinfo=UTC) if request.HasField(name) else None
 
 
 def summary_message(row: Any) -> pb.TraceSummary:
@@ -136,6 +149,7 @@ class TraceStoreServicer(pb_grpc.TraceStoreServiceServicer):
     async def GetDecision(
         self, request: pb.GetDecisionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetDecisionResponse:
+        check_string(request.decision_id, "decision_id", max_len=64)
         async with self._sessions() as session:
             row, feedback = await service.get_decision(session, decision_id=request.decision_id)
         return pb.GetDecisionResponse(decision=decision_message(row, feedback))
@@ -143,13 +157,16 @@ class TraceStoreServicer(pb_grpc.TraceStoreServiceServicer):
     async def ExportDataset(
         self, request: pb.ExportDatasetRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExportDatasetResponse:
+        check_number(request.validation_fraction, "validation_fraction")
+        check_number(request.min_reward, "min_reward")
+        check_number(request.min_margin, "min_margin")
         params = ExportParams(
             kind=request.kind,
             validation_fraction=request.validation_fraction or 0.1,
             min_reward=request.min_reward or 0.8,
             min_margin=request.min_margin,
         )
-        result = await self._exporter.export(where=trace_filter(request.filter), params=params)
+        result = await self._exporter.export(where=trace_filter(request.filter, "filter."), params=params)
         return pb.ExportDatasetResponse(
             dataset_id=result.dataset_id,
             manifest_uri=result.manifest_uri,
@@ -167,6 +184,7 @@ class TraceStoreServicer(pb_grpc.TraceStoreServiceServicer):
                 raise InvalidArgument("trace_id must be 32 lowercase hex chars")
             deleted = await self._eraser.delete_traces([request.trace_id])
         elif target == "user_id" and request.user_id:
+            check_string(request.user_id, "user_id", max_len=256)
             deleted = await self._eraser.delete_user(request.user_id)
         else:
             raise InvalidArgument("set trace_id or user_id")

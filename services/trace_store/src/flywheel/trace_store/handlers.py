@@ -4,21 +4,48 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from flywheel.api.optimizer.v1.events_pb2 import DecisionBatch, FeedbackEvent
+from flywheel.api.optimizer.v1.events_pb2 import DecisionBatch, DecisionEvent, FeedbackEvent
 from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch
 from flywheel.core.bus.consumer import Delivery, Reject
 from flywheel.core.errors import InvalidArgument
+from flywheel.core.validation import check_number, check_numbers, check_string, check_timestamp, struct_to_dict
 from flywheel.trace_store import service
 from flywheel.trace_store.ingest import SpanWriter
 from flywheel.trace_store.spans import InvalidSpan, Limits, validate_batch
 
+# Column widths of decision_log and feedback_log (migrations/versions/0001_initial.py).
+DECISION_ID_CHARS = ENDPOINT_CHARS = 64
+ARM_ID_CHARS = EVENT_ID_CHARS = 128
+USER_ID_CHARS = 256
+MAX_CONTEXT_BYTES = 256 * 1024
 
-def _time(ts: Timestamp) -> datetime:
-    return ts.ToDatetime(tzinfo=UTC) if ts.seconds or ts.nanos else datetime.now(UTC)
+
+def _time(ts: Timestamp, field: str) -> datetime:
+    """The event's time (now when unset); raises Invalid when it is out of range."""
+    return check_timestamp(ts, field) or datetime.now(UTC)
+
+
+def decision_row(event: DecisionEvent) -> dict[str, object]:
+    """A decision_log row from an event, every field checked (raises Invalid naming it)."""
+    if not event.decision_id or not event.endpoint or not event.arm_id:
+        raise InvalidArgument("lacks decision_id, endpoint or arm_id")
+    check_string(event.decision_id, "decision_id", max_len=DECISION_ID_CHARS)
+    check_string(event.endpoint, "endpoint", max_len=ENDPOINT_CHARS)
+    check_string(event.arm_id, "arm_id", max_len=ARM_ID_CHARS)
+    check_string(event.user_id, "user_id", max_len=USER_ID_CHARS)
+    check_number(event.probability, "probability", min_value=0.0, min_exclusive=True, max_value=1.0)
+    return {
+        "decision_id": event.decision_id,
+        "endpoint": event.endpoint,
+        "arm_id": event.arm_id,
+        "probability": event.probability,
+        "user_id": event.user_id,
+        "context": struct_to_dict(event.context, "context", max_bytes=MAX_CONTEXT_BYTES),
+        "decided_at": _time(event.meta.time, "meta.time"),
+    }
 
 
 class DecisionBatchHandler:
@@ -31,26 +58,14 @@ class DecisionBatchHandler:
     async def __call__(self, batch: DecisionBatch, delivery: Delivery) -> None:
         rows, invalid = [], []
         for i, event in enumerate(batch.decisions):
-            if not event.decision_id or not event.endpoint or not event.arm_id:
-                invalid.append(i)
-                continue
-            rows.append(
-                {
-                    "decision_id": event.decision_id,
-                    "endpoint": event.endpoint,
-                    "arm_id": event.arm_id,
-                    "probability": event.probability,
-                    "user_id": event.user_id,
-                    "context": json_format.MessageToDict(event.context),
-                    "decided_at": _time(event.meta.time),
-                }
-            )
+            try:
+                rows.append(decision_row(event))
+            except InvalidArgument as exc:
+                invalid.append(f"decisions[{i}] {event.decision_id[:64]!r}: {exc}")
         async with self._sessions() as session:
             await service.record_decisions(session, rows)
         if invalid:
-            raise Reject(
-                f"decisions {invalid} of the batch lack decision_id, endpoint or arm_id; the others were stored"
-            )
+            raise Reject(f"{len(invalid)} decisions of the batch are invalid; the others were stored: {invalid[:10]}")
 
 
 class FeedbackHandler:
@@ -59,6 +74,12 @@ class FeedbackHandler:
 
     async def __call__(self, event: FeedbackEvent, delivery: Delivery) -> None:
         try:
+            check_string(event.meta.event_id, "meta.event_id", max_len=EVENT_ID_CHARS)
+            check_string(event.decision_id, "decision_id", max_len=DECISION_ID_CHARS)
+            check_numbers(event.signals, "signals")
+            if event.HasField("reward"):
+                check_number(event.reward, "reward")
+            sent_at = _time(event.meta.time, "meta.time")
             async with self._sessions() as session:
                 await service.record_feedback(
                     session,
@@ -66,7 +87,7 @@ class FeedbackHandler:
                     decision_id=event.decision_id,
                     reward=event.reward if event.HasField("reward") else None,
                     signals=dict(event.signals),
-                    sent_at=_time(event.meta.time),
+                    sent_at=sent_at,
                 )
         except InvalidArgument as exc:
             raise Reject(str(exc)) from None

@@ -18,6 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch, SpanKind, SpanStatus
 from flywheel.core.errors import InvalidArgument
+from flywheel.core.validation import MAX_TIMESTAMP_S, MIN_TIMESTAMP_S, Invalid, check_struct, string_problem
 
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
 SPAN_ID = re.compile(r"[0-9a-f]{16}")
@@ -44,6 +45,9 @@ class Limits:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+# Short text fields and their widths: the first three are columns of ``traces``
+# (migrations/versions/0002_spans.py); name and model only go to segments, bounded all the same.
+_TEXT_FIELDS = (("user_id", 256), ("endpoint", 64), ("decision_id", 64), ("name", 1024), ("model", 256))
 
 
 def to_datetime(ts: Timestamp) -> datetime:
@@ -88,10 +92,21 @@ def _check_span(span: Span, limits: Limits) -> None:
     if start == (0, 0):
         raise refuse("start_time is missing")
     end = (span.end_time.seconds, span.end_time.nanos)  # (0, 0) when absent
+    for name, (seconds, nanos) in (("start_time", start), ("end_time", end)):
+        if not (MIN_TIMESTAMP_S <= seconds <= MAX_TIMESTAMP_S and 0 <= nanos <= 999_999_999):
+            raise refuse(f"{name}: ({seconds} s, {nanos} ns) is outside years 1-9999")
     if end != (0, 0) and end < start:
         raise refuse("end_time is before start_time")
+    for name, width in _TEXT_FIELDS:
+        problem = string_problem(getattr(span, name), max_len=width)
+        if problem is not None:
+            raise refuse(f"{name} {problem}")
     if span.input_tokens < 0 or span.output_tokens < 0:
         raise refuse("token counts must be >= 0")
+    if span.HasField("reward") and not (
+        math.isfinite(span.reward) and math.isfinite(span.reward_min) and math.isfinite(span.reward_max)
+    ):
+        raise refuse("reward, reward_min and reward_max must be finite numbers")
     if not math.isfinite(span.cost_usd) or span.cost_usd < 0:
         raise refuse("cost_usd must be a finite number >= 0")
     for name in ("input", "output"):
@@ -99,10 +114,16 @@ def _check_span(span: Span, limits: Limits) -> None:
         # UTF-8 takes at most 4 bytes a character: only long texts need encoding to be measured.
         if len(text) * 4 > limits.max_text_bytes and len(text.encode()) > limits.max_text_bytes:
             raise refuse(f"{name} is larger than {limits.max_text_bytes} bytes")
+        if "\x00" in text:  # PostgreSQL text (a trace's task and response) cannot hold NUL
+            raise refuse(f"{name} contains a NUL byte")
     if span.HasField("attributes"):
         size = span.attributes.ByteSize()
         if size > limits.max_attributes_bytes:
             raise refuse(f"attributes are {size} bytes, more than {limits.max_attributes_bytes}")
+        try:
+            check_struct(span.attributes, "attributes")  # NaN, infinity, NUL, depth
+        except Invalid as exc:
+            raise refuse(str(exc)) from None
     if span.kind == SpanKind.SPAN_KIND_REWARD:
         if not span.HasField("reward") or not math.isfinite(span.reward):
             raise refuse("a reward span needs a finite reward")

@@ -11,6 +11,13 @@ optimizer's dedups by event id inside the same transaction).
 A handler takes one event (``handler=``), or a whole batch (``batch_handler=``) when
 one transaction per batch is what makes it fast; it then returns one outcome per event
 (None for done, or the exception for that event).
+
+One bad event never takes its batch down with it: when a batch handler raises (rather than
+returning per-event outcomes) for any reason but a dependency being away, the batch is
+bisected and each half handled again, until the event at fault is alone; the good events are
+applied and only that one fails. An event whose data the database refuses (too long for its
+column, a NUL byte, a value out of range) is dead-lettered at once with the database's reason,
+since redelivering it cannot help.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from flywheel.api.subjects import Catalogue, ConsumerSpec
 from flywheel.core.bus.codec import MalformedEvent, decode
 from flywheel.core.bus.connection import ensure_consumer
 from flywheel.core.bus.publisher import Publisher
+from flywheel.core.errors import describe, is_transient, rejects_the_data
 from flywheel.core.logging import bound, get_logger
 from flywheel.core.metrics import EVENT_SECONDS, EVENTS_TOTAL
 
@@ -156,15 +164,26 @@ class EventConsumer(Generic[M]):
                 decoded.append((msg, decode(msg.data, delivery.headers, self._message_type), delivery))
             except MalformedEvent as exc:
                 await self._dead_letter(msg, delivery, str(exc))
+            except Exception as exc:  # noqa: BLE001 - a parser error of another kind: still malformed
+                await self._dead_letter(msg, delivery, f"cannot decode the payload: {describe(exc)}")
         if not decoded:
             return
-        try:
-            outcomes = await self._handle_batch([(event, delivery) for _, event, delivery in decoded])
-        except Exception as exc:  # noqa: BLE001 - the whole batch failed (e.g. PostgreSQL away)
-            outcomes = [exc] * len(decoded)
+        outcomes = await self._handle([(event, delivery) for _, event, delivery in decoded])
         for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
             await self._settle(msg, delivery, outcome)
         EVENT_SECONDS.labels(self.name).observe((time.perf_counter() - started) / len(decoded))
+
+    async def _handle(self, items: list[tuple[M, Delivery]]) -> list[BaseException | None]:
+        """The handler's outcomes for ``items``; when it raises for the whole batch, the batch is
+        bisected (unless a dependency is away: then every event is retried later as it is)."""
+        try:
+            return await self._handle_batch(items)
+        except Exception as exc:  # noqa: BLE001 - settled per message by the caller
+            if len(items) == 1 or is_transient(exc):
+                return [exc] * len(items)
+            log.warning("batch failed; bisecting it to find the event at fault", consumer=self.name, error=repr(exc))
+            half = len(items) // 2
+            return await self._handle(items[:half]) + await self._handle(items[half:])
 
     async def _settle(self, msg: Msg, delivery: Delivery, outcome: BaseException | None) -> None:
         if outcome is None:  # the hot path logs nothing, so it binds no log context
@@ -174,6 +193,8 @@ class EventConsumer(Generic[M]):
         with bound(consumer=self.name, subject=delivery.subject, seq=delivery.stream_sequence):
             if isinstance(outcome, Reject):
                 await self._dead_letter(msg, delivery, str(outcome))
+            elif rejects_the_data(outcome):
+                await self._dead_letter(msg, delivery, f"the event cannot be stored: {describe(outcome)}")
             elif delivery.num_delivered >= self._spec.max_deliver:
                 reason = f"failed {delivery.num_delivered} times, last error: {outcome!r}"
                 await self._dead_letter(msg, delivery, reason)

@@ -84,7 +84,10 @@ class Publisher:
         if msg.headers and msg.headers.get("Status") == "503":
             batch.error = batch.error or NoStreamResponseError()
         elif b'"error"' in msg.data:
-            batch.error = batch.error or APIError.from_error(json.loads(msg.data)["error"])
+            try:
+                APIError.from_error(json.loads(msg.data)["error"])  # raises the error's own class
+            except APIError as exc:
+                batch.error = batch.error or exc
         batch.left -= 1
         if batch.left == 0:
             batch.done.set_result(None)
