@@ -30,16 +30,18 @@ recorded those, nor the prompt spans).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import functools
 import inspect
 import json
-import queue
+import logging
 import secrets
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from flywheel.api.common.v1.common_pb2 import EventMeta
@@ -49,6 +51,7 @@ from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch, SpanKind, SpanStat
 __all__ = [
     "SpanHandle",
     "Tracer",
+    "TracerStats",
     "configure_tracing",
     "content",
     "coordination",
@@ -62,6 +65,7 @@ __all__ = [
 
 _current: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("flywheel_span", default=None)
 _default: Tracer | None = None
+_log = logging.getLogger(__name__)
 
 
 class SpanHandle:
@@ -145,8 +149,32 @@ class SpanHandle:
         self.__exit__(exc_type, exc, tb)
 
 
+@dataclass(frozen=True)
+class TracerStats:
+    """What the tracer did with the spans it was given (``Tracer.stats()``)."""
+
+    published_spans: int
+    queued_spans: int
+    queued_batches: int
+    # Dropped because the queue was full (the oldest batch goes first) ...
+    dropped_spans: int
+    dropped_batches: int
+    # ... or because publishing a batch kept failing for ``give_up_after_s``.
+    expired_spans: int
+    expired_batches: int
+    last_error: str
+
+
 class Tracer:
-    """Publishes spans in batches to JetStream from a background thread."""
+    """Publishes spans in batches to JetStream from a background thread.
+
+    Bounded in the product's process: spans wait in at most ``max_queued_batches`` batches
+    of ``max_batch`` spans (plus the one being published and the one being filled). When
+    the queue is full, e.g. while NATS is unreachable, the *oldest* batch is dropped; a
+    batch that cannot be published for ``give_up_after_s`` is given up. Both are counted
+    (:meth:`stats`, ``dropped_spans``) and logged as a warning on the ``flywheel.sdk.tracing``
+    logger at most once per ``drop_log_interval_s``; tracing never blocks or fails the agent.
+    """
 
     def __init__(
         self,
@@ -159,7 +187,20 @@ class Tracer:
         source: str = "sdk",
         flush_interval_s: float = 0.1,
         max_batch: int = 1000,
+        max_queued_batches: int = 100,
+        give_up_after_s: float = 60.0,
+        publish_timeout_s: float = 5.0,
+        drop_log_interval_s: float = 60.0,
     ) -> None:
+        for name, value in (
+            ("flush_interval_s", flush_interval_s),
+            ("max_batch", max_batch),
+            ("max_queued_batches", max_queued_batches),
+            ("give_up_after_s", give_up_after_s),
+            ("publish_timeout_s", publish_timeout_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"Tracer {name} must be > 0, got {value!r}")
         self.agent = agent
         self._catalogue = Catalogue(namespace)
         self._catalogue.traces(agent)  # fail fast on an agent name that cannot be a subject token
@@ -167,65 +208,179 @@ class Tracer:
         self._source = source
         self._interval = flush_interval_s
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[Span] = queue.SimpleQueue()
+        self._max_queued = max_queued_batches
+        self._give_up_s = give_up_after_s
+        self._publish_timeout_s = publish_timeout_s
+        self._log_every_s = drop_log_interval_s
         self._lock = threading.Condition()
-        self._pending = 0
+        self._open: list[Span] = []  # the batch being filled
+        self._batches: collections.deque[list[Span]] = collections.deque()  # sealed, oldest first
+        self._pending = 0  # emitted, not yet published, dropped or given up
+        self._published = 0
+        self._dropped = [0, 0]  # spans, batches
+        self._expired = [0, 0]
+        self._last_log = 0.0
+        self._unlogged = 0
         self._closed = False
         self._error: BaseException | None = None
+        self._connect_error: BaseException | None = None
         self._tools: dict[str, SpanHandle] = {}  # open tool spans by tool call id
         self._thread = threading.Thread(target=self._run, name="flywheel-tracer", daemon=True)
         self._thread.start()
 
     # -- emitting -------------------------------------------------------------------------
     def emit(self, span: Span) -> None:
+        """Queue a span; never blocks on the network (a full queue drops its oldest batch)."""
         with self._lock:
             self._pending += 1
-        self._queue.put(span)
+            self._open.append(span)
+            if len(self._open) >= self._max_batch:
+                self._seal()
 
-    def flush(self, timeout_s: float = 10.0) -> None:
-        """Block until every span emitted so far is stored by JetStream."""
+    def _seal(self) -> None:
+        """Move the open batch to the queue, dropping the oldest one past the bound. Under the lock."""
+        if not self._open:
+            return
+        self._batches.append(self._open)
+        self._open = []
+        while len(self._batches) > self._max_queued:
+            oldest = self._batches.popleft()
+            self._dropped[0] += len(oldest)
+            self._dropped[1] += 1
+            self._lost(len(oldest), "the tracer's queue is full (max_queued_batches)")
+
+    def _lost(self, spans: int, why: str) -> None:
+        """Account for spans that will never be published. Under the lock."""
+        self._pending -= spans
+        self._unlogged += spans
+        self._lock.notify_all()
+        now = time.monotonic()
+        if now - self._last_log >= self._log_every_s:
+            _log.warning(
+                "flywheel tracer dropped %d spans since its last warning: %s; last error: %r "
+                "(totals: %d dropped, %d given up)",
+                self._unlogged,
+                why,
+                self._error,
+                self._dropped[0],
+                self._expired[0],
+            )
+            self._last_log, self._unlogged = now, 0
+
+    def stats(self) -> TracerStats:
+        """Counters of published, queued, dropped and given-up spans."""
         with self._lock:
+            return TracerStats(
+                published_spans=self._published,
+                queued_spans=len(self._open) + sum(len(b) for b in self._batches),
+                queued_batches=len(self._batches) + (1 if self._open else 0),
+                dropped_spans=self._dropped[0],
+                dropped_batches=self._dropped[1],
+                expired_spans=self._expired[0],
+                expired_batches=self._expired[1],
+                last_error=repr(self._error) if self._error else "",
+            )
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans that will never reach Flywheel: dropped from a full queue or given up."""
+        with self._lock:
+            return self._dropped[0] + self._expired[0]
+
+    def flush(self, timeout_s: float = 10.0) -> int:
+        """Block until every span emitted so far is stored by JetStream, dropped or given up;
+        returns how many were dropped or given up meanwhile (0: all stored)."""
+        with self._lock:
+            before = self._dropped[0] + self._expired[0]
+            self._seal()
             if not self._lock.wait_for(lambda: self._pending == 0, timeout_s):
                 raise TimeoutError(
                     f"{self._pending} spans not acknowledged within {timeout_s}s (last error: {self._error!r})"
                 )
+            return self._dropped[0] + self._expired[0] - before
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self.flush(timeout_s)
-        self._closed = True
-        self._thread.join(timeout_s)
+        """Flush (up to ``timeout_s``) and stop the publishing thread; what is left is dropped."""
+        try:
+            self.flush(timeout_s)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._lock.notify_all()
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         asyncio.run(self._publish_loop())
+
+    def _next(self) -> list[Span] | None:
+        with self._lock:
+            if not self._batches:
+                self._seal()  # spans that waited one interval go out in a partial batch
+            return self._batches.popleft() if self._batches else None
 
     async def _publish_loop(self) -> None:
         import nats  # lazily: only products that trace pay for importing it
 
         nc = None
-        batch: list[Span] = []
-        while not (self._closed and not batch):
-            while len(batch) < self._max_batch:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
+        while True:
+            with self._lock:
+                if self._closed:
+                    left = len(self._open) + sum(len(b) for b in self._batches)
+                    self._open, self._batches = [], collections.deque()
+                    if left:
+                        self._dropped[0] += left
+                        self._lost(left, "the tracer was closed before they were published")
                     break
-            if not batch:
+            batch = self._next()
+            if batch is None:
                 await asyncio.sleep(self._interval)
                 continue
-            try:
-                if nc is None:
-                    nc = await nats.connect(**self._connect)
-                await self._publish(nc.jetstream(), batch)
-            except Exception as exc:  # noqa: BLE001 - keep the spans and retry: NATS may be restarting
-                self._error = exc
-                await asyncio.sleep(0.5)
-                continue
-            with self._lock:
-                self._pending -= len(batch)
-                self._lock.notify_all()
-            batch = []
-        if nc is not None:
+            give_up = time.monotonic() + self._give_up_s
+            delay = 0.1
+            while True:
+                remaining = give_up - time.monotonic()
+                try:
+                    if nc is None or nc.is_closed:
+                        nc = await self._connect_within(nats, remaining)
+                    await asyncio.wait_for(self._publish(nc.jetstream(), batch), max(0.01, remaining))
+                except Exception as exc:  # noqa: BLE001 - keep the batch and retry until give_up_after_s
+                    self._error = exc
+                    if time.monotonic() + delay >= give_up or self._closed:
+                        with self._lock:
+                            self._expired[0] += len(batch)
+                            self._expired[1] += 1
+                            self._lost(len(batch), f"publishing failed for {self._give_up_s:g}s (give_up_after_s)")
+                        break
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                with self._lock:
+                    self._pending -= len(batch)
+                    self._published += len(batch)
+                    self._lock.notify_all()
+                break
+        if nc is not None and not nc.is_closed:
             await nc.close()
+
+    async def _connect_within(self, nats: Any, remaining: float) -> Any:
+        """A NATS client, or ConnectionError (with the server's last answer) past the time left."""
+        self._connect_error = None
+        try:
+            return await asyncio.wait_for(
+                nats.connect(
+                    **self._connect,
+                    connect_timeout=self._publish_timeout_s,
+                    max_reconnect_attempts=-1,  # one client for the tracer's life
+                    error_cb=self._on_nats_error,
+                ),
+                max(0.01, min(remaining, self._publish_timeout_s * 2)),
+            )
+        except TimeoutError:
+            raise ConnectionError(f"cannot connect to NATS: {self._connect_error!r}") from None
+
+    async def _on_nats_error(self, exc: Exception) -> None:
+        self._connect_error = exc
+        self._error = exc  # counted and logged with the drops; nats-py's own log line is noise
 
     async def _publish(self, js: Any, spans: list[Span]) -> None:
         by_agent: dict[str, list[Span]] = {}
@@ -238,6 +393,7 @@ class Tracer:
             await js.publish(
                 self._catalogue.traces(agent),
                 msg.SerializeToString(),
+                timeout=self._publish_timeout_s,
                 headers={"Content-Type": "application/protobuf", "Nats-Msg-Id": event_id},
             )
 
