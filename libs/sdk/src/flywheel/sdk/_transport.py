@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import grpc
@@ -24,6 +25,34 @@ if TYPE_CHECKING:
 
 def metadata(auth_token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+
+
+# Environment variables a product's process (and the CLI) may set for TLS, and the client
+# argument each becomes: the files' contents, or the name to expect in the server's certificate.
+TLS_ENV = (
+    ("FLYWHEEL_TLS_CA_FILE", "tls_root_certificates"),
+    ("FLYWHEEL_TLS_CERT_FILE", "tls_certificate_chain"),
+    ("FLYWHEEL_TLS_KEY_FILE", "tls_private_key"),
+    ("FLYWHEEL_TLS_SERVER_NAME", "tls_server_name"),
+)
+
+
+def tls_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """Client TLS arguments from ``FLYWHEEL_TLS_*`` (only those set); an unreadable file
+    raises ValueError naming its variable."""
+    out: dict[str, Any] = {}
+    for var, key in TLS_ENV:
+        value = env.get(var)
+        if not value:
+            continue
+        if key == "tls_server_name":
+            out[key] = value
+            continue
+        try:
+            out[key] = Path(value).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{var}={value}: {exc.strerror or exc}") from None
+    return out
 
 
 def client_tls(

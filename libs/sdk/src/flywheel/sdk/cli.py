@@ -36,6 +36,7 @@ from google.protobuf import json_format
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
 from flywheel.api.optimizer.v1 import runs_pb2 as runs_pb
+from flywheel.sdk._transport import tls_from_env
 from flywheel.sdk.admin import AdminClient, ApplyConflict, apply_plan, plan_apply
 from flywheel.sdk.endpoint_file import (
     ALLOCATION_FROM_PB,
@@ -133,9 +134,12 @@ def _connection(args: argparse.Namespace) -> dict[str, Any]:
             token = Path(token_file).read_text().strip()
         except OSError as exc:
             raise CliError(f"--auth-token-file {token_file}: {exc.strerror or exc}") from None
-    tls: dict[str, Any] = {}
-    for flag, env, key in _TLS_FILES:
-        path = getattr(args, flag.removeprefix("--").replace("-", "_"), None) or os.environ.get(env) or None
+    try:
+        tls = tls_from_env(os.environ)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    for flag, key in _TLS_FLAGS:  # a flag wins over its environment variable
+        path = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
         if path is not None:
             try:
                 tls[key] = Path(path).read_bytes()
@@ -143,21 +147,21 @@ def _connection(args: argparse.Namespace) -> dict[str, Any]:
                 raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
     if ("tls_certificate_chain" in tls) != ("tls_private_key" in tls):
         raise CliError("--tls-cert and --tls-key go together ($FLYWHEEL_TLS_CERT_FILE, $FLYWHEEL_TLS_KEY_FILE)")
-    server_name = getattr(args, "tls_server_name", None) or os.environ.get("FLYWHEEL_TLS_SERVER_NAME") or None
+    if getattr(args, "tls_server_name", None):
+        tls["tls_server_name"] = args.tls_server_name
     return {
         "target": target,
         "auth_token": token,
         **tls,
-        "tls_server_name": server_name,
         "timeout_s": getattr(args, "timeout", None) or 10.0,
     }
 
 
-# flag, environment variable, client argument: TLS is on when any of them (or the server name) is set.
-_TLS_FILES = (
-    ("--tls-ca", "FLYWHEEL_TLS_CA_FILE", "tls_root_certificates"),
-    ("--tls-cert", "FLYWHEEL_TLS_CERT_FILE", "tls_certificate_chain"),
-    ("--tls-key", "FLYWHEEL_TLS_KEY_FILE", "tls_private_key"),
+# flag and client argument; TLS is on when any of them (or its FLYWHEEL_TLS_* variable) is set.
+_TLS_FLAGS = (
+    ("--tls-ca", "tls_root_certificates"),
+    ("--tls-cert", "tls_certificate_chain"),
+    ("--tls-key", "tls_private_key"),
 )
 
 

@@ -18,7 +18,9 @@ change the policy or reward of a live endpoint, nor retire arms: that is
 
 Where the optimizer is. A module-level client is built on first use from the environment
 (``FLYWHEEL_OPTIMIZER_ADDRESS``, ``FLYWHEEL_AUTH_TOKEN``, ``FLYWHEEL_NATS_URL``,
-``FLYWHEEL_NATS_USER``, ``FLYWHEEL_NATS_PASSWORD``, ``FLYWHEEL_NATS_NAMESPACE``); keyword
+``FLYWHEEL_NATS_USER``, ``FLYWHEEL_NATS_PASSWORD``, ``FLYWHEEL_NATS_NAMESPACE``, and for
+TLS ``FLYWHEEL_TLS_CA_FILE``, ``FLYWHEEL_TLS_CERT_FILE`` with ``FLYWHEEL_TLS_KEY_FILE`` for
+mTLS, ``FLYWHEEL_TLS_SERVER_NAME``); keyword
 arguments of ``configure_runtime`` (``target``, ``auth_token``, ``nats_url``, ...) override
 them. ``runtime_client()`` returns that client (for ``decide()`` or NATS feedback) and
 ``close_runtime()`` closes it. gRPC channels belong to one event loop, so a call from a
@@ -69,6 +71,7 @@ import grpc
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1.endpoint_admin_service_pb2_grpc import EndpointAdminServiceStub
+from flywheel.sdk._transport import tls_from_env
 from flywheel.sdk.client import FlywheelClient
 from flywheel.sdk.decision import Decision
 from flywheel.sdk.endpoint_file import EndpointFile, parse_endpoint
@@ -125,6 +128,7 @@ def _settings() -> dict[str, Any]:
         "nats_user": env.get("FLYWHEEL_NATS_USER") or None,
         "nats_password": env.get("FLYWHEEL_NATS_PASSWORD") or None,
         "namespace": env.get("FLYWHEEL_NATS_NAMESPACE") or "flywheel",
+        **tls_from_env(env),
     }
     settings.update(_runtime.overrides)
     if not settings["target"]:
@@ -223,6 +227,9 @@ async def configure_runtime(
     nats_password: str | None = None,
     namespace: str | None = None,
     tls_root_certificates: bytes | None = None,
+    tls_certificate_chain: bytes | None = None,
+    tls_private_key: bytes | None = None,
+    tls_server_name: str | None = None,
     timeout_s: float = 10.0,
 ) -> None:
     """Point the module at an optimizer (keyword overrides) and make sure ``system`` exists there.
@@ -240,6 +247,9 @@ async def configure_runtime(
         "nats_password": nats_password,
         "namespace": namespace,
         "tls_root_certificates": tls_root_certificates,
+        "tls_certificate_chain": tls_certificate_chain,
+        "tls_private_key": tls_private_key,
+        "tls_server_name": tls_server_name,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if overrides and overrides.items() - _runtime.overrides.items():
