@@ -159,12 +159,14 @@ def served_model(model_server) -> str:
 
 
 async def test_llm_target_against_the_local_model_server(launch, nats_client, isolation, model_server):
-    evaluator = launch("evaluator", env={"EVAL_MODEL_KEY": model_server.api_key})
+    evaluator = launch("evaluator", env={"FLYWHEEL_TARGET_EVAL_MODEL_KEY": model_server.api_key})
     catalogue = Catalogue(isolation["namespace"])
     js = nats_client.jetstream()
     target = Target(
         llm=LlmTarget(
-            model=f"openai/{served_model(model_server)}", api_base=model_server.url, api_key_env="EVAL_MODEL_KEY"
+            model=f"openai/{served_model(model_server)}",
+            api_base=model_server.url,
+            api_key_env="FLYWHEEL_TARGET_EVAL_MODEL_KEY",
         )
     )
     http = Target(
@@ -178,10 +180,12 @@ async def test_llm_target_against_the_local_model_server(launch, nats_client, is
                 }
             ),
             response_path="choices.0.message.content",
-            header_envs={"Authorization": "Bearer ${EVAL_MODEL_KEY}"},
+            header_envs={"Authorization": "Bearer ${FLYWHEEL_TARGET_EVAL_MODEL_KEY}"},
         )
     )
-    no_key = Target(llm=LlmTarget(model=target.llm.model, api_base=model_server.url, api_key_env="EVAL_UNSET_KEY"))
+    no_key = Target(
+        llm=LlmTarget(model=target.llm.model, api_base=model_server.url, api_key_env="FLYWHEEL_TARGET_EVAL_UNSET_KEY")
+    )
     config = {"temperature": 0, "max_tokens": 6, "system_prompt": "Answer in one word."}
     f1 = Metric(name="f1", type=MetricType.METRIC_TYPE_SIMILARITY)
     latency = Metric(name="latency", type=MetricType.METRIC_TYPE_LATENCY, target=600_000)
@@ -210,7 +214,7 @@ async def test_llm_target_against_the_local_model_server(launch, nats_client, is
     assert llm.output.strip() and 0 < llm.output_tokens <= 6 and llm.input_tokens > 5
     assert llm.latency_ms > 0 and llm.cost_usd == 0.0  # a local model has no price
     assert set(llm.components) == {"f1", "latency"} and 0.0 < llm.components["latency"] < 1.0
-    assert "EVAL_UNSET_KEY" in by_id["no-key"].error and "not set" in by_id["no-key"].error
+    assert "FLYWHEEL_TARGET_EVAL_UNSET_KEY" in by_id["no-key"].error and "not set" in by_id["no-key"].error
     # The HTTP target: templated body, auth header from the environment, output at response_path.
     assert not by_id["http"].error, by_id["http"].error
     assert by_id["http"].output.strip() and by_id["http"].latency_ms > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest, Metric, MetricType, Target
+from flywheel.core.run_policy import RunPolicySettings
 from flywheel.evaluator.metrics import exact_match, expected_text, token_f1
 from flywheel.evaluator.targets import CallResult, TargetError, call_with_retries
 from flywheel.evaluator.templating import TemplateError, lookup, render_body
@@ -35,7 +36,7 @@ def test_validation_lists_every_problem() -> None:
         target=Target(python_callable="nocolon"),
         metrics=[Metric(name="m", type=MetricType.METRIC_TYPE_CUSTOM, weight=-1)],
     )
-    found = " | ".join(problems(req))
+    found = " | ".join(problems(req, policy=RunPolicySettings()))
     for part in (
         "request_id is empty",
         "run_id 'bad run'",

@@ -27,7 +27,9 @@ from flywheel.stack.servers import ModelServer
 from flywheel.stack.stack import Stack
 
 EXAMPLE = Path(__file__).resolve().parents[5] / "services" / "optimizer" / "examples" / "capitals"
-KEY_VAR = "FLYWHEEL_EXAMPLE_MODEL_KEY"  # the evaluator reads the model server's key from here
+# The evaluator reads the model server's key from here (under FLYWHEEL_TARGET_, the prefix of
+# the variables a run may name as its credential, see flywheel.core.run_policy).
+KEY_VAR = "FLYWHEEL_TARGET_EXAMPLE_MODEL_KEY"
 
 
 def example_config(model: ModelServer, served: str) -> dict:

@@ -17,6 +17,10 @@ from flywheel.stack.servers import free_port, process_alive
 SERVICES = ("optimizer", "trace_store", "evaluator", "reward_judge", "society", "trainer")
 # Services that own tables, in the order their migrations run.
 MIGRATED = ("optimizer", "trace_store", "reward_judge")
+# The run policy of the local stack and tests (flywheel.core.run_policy): runs may call the
+# evaluator's example module, nothing else; credential variables keep the default prefix
+# FLYWHEEL_TARGET_. An env given to a ServiceProcess overrides it.
+STACK_RUN_POLICY = {"FLYWHEEL_RUN_POLICY_CALLABLE_MODULES": "flywheel.evaluator.examples"}
 
 
 def env_prefix(service: str) -> str:
@@ -69,6 +73,7 @@ class ServiceProcess:
         self.pid_file = log_dir / f"{name}.pid"
         prefix = env_prefix(name)
         self.env = {
+            **STACK_RUN_POLICY,
             **env,
             f"{prefix}GRPC_HOST": "127.0.0.1",
             f"{prefix}GRPC_PORT": str(self.grpc_port),

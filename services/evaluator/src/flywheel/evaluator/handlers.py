@@ -5,7 +5,12 @@ the request id, and only once JetStream has acknowledged both does the consumer 
 request. A crash before the ack redelivers the request; evaluating it again publishes
 under the same ids, so JetStream drops the copy and the result stream holds one result
 per request (consumers should still count results by ``request_id``, which also covers
-a redelivery later than the stream's duplicate window)."""
+a redelivery later than the stream's duplicate window).
+
+A request that can never succeed (malformed, refused by the run policy, or one whose
+evaluation fails for a reason other than its target, such as an input the evaluator cannot
+read) is answered with an error result, so its run counts it instead of waiting, and is
+dead-lettered with the reason: it is never retried. Only publishing (NATS away) is retried."""
 
 from __future__ import annotations
 
@@ -31,13 +36,20 @@ class EvaluationHandler:
         self._catalogue = catalogue
 
     async def __call__(self, req: EvaluationRequest, delivery: Delivery) -> None:
-        found = problems(req)
+        found = problems(req, policy=self._evaluator.policy)
         if found:
             reason = "malformed evaluation request: " + "; ".join(found)
+            log.warning("evaluation request refused", request_id=req.request_id[:200], reason=reason)
             await self._answer_rejected(req, reason)
             raise Reject(reason)
         with bound(request_id=req.request_id, run_id=req.run_id, attempt=delivery.num_delivered):
-            evaluation = await self._evaluator.evaluate(req)
+            try:
+                evaluation = await self._evaluator.evaluate(req)
+            except Exception as exc:  # evaluating touches no bus: another try would fail the same
+                log.exception("evaluation failed")
+                reason = f"evaluation failed: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+                await self._answer_rejected(req, reason)
+                raise Reject(reason) from None
             result = evaluation.result
             batch = SpanBatch(meta=result.meta, spans=evaluation.spans)
             batch.meta.event_id = f"evaluation-trace:{req.request_id}"

@@ -4,6 +4,7 @@ judge being down, is left out and reported, never counted as a zero)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -15,6 +16,7 @@ from typing import Any
 
 from flywheel.api.evaluator.v1.events_pb2 import Metric, MetricType
 from flywheel.api.reward.v1 import reward_judge_service_pb2 as judge_pb
+from flywheel.core.run_policy import RunPolicySettings
 from flywheel.evaluator.judge import JudgeClient, JudgeUnavailable
 from flywheel.evaluator.targets import CallResult, TargetError, resolve_callable
 
@@ -108,14 +110,20 @@ async def compute(
     rubric: str,
     judge: JudgeClient,
     defaults: Targets,
+    policy: RunPolicySettings,
+    timeout_s: float = 30.0,
 ) -> Scored:
-    """Score one successful call with every metric."""
+    """Score one successful call with every metric. A metric that cannot be computed (the
+    judge away, a custom metric that raises, times out or is not allowed) is left out of the
+    score and its reason put in ``errors``; it never fails the evaluation."""
     scored = Scored()
     reference = expected_text(expected)
     for metric in metrics:
         name = metric.name
         try:
-            value, note = await _one(metric, call, input_, expected, reference, rubric, judge, defaults)
+            value, note = await _one(
+                metric, call, input_, expected, reference, rubric, judge, defaults, policy, timeout_s
+            )
         except (JudgeUnavailable, _Skip, TargetError) as exc:
             scored.errors[name] = str(exc)
             continue
@@ -141,6 +149,8 @@ async def _one(
     rubric: str,
     judge: JudgeClient,
     defaults: Targets,
+    policy: RunPolicySettings,
+    timeout_s: float,
 ) -> tuple[float, str]:
     kind = metric.type
     if kind == MetricType.METRIC_TYPE_LATENCY:
@@ -148,11 +158,7 @@ async def _one(
     if kind == MetricType.METRIC_TYPE_COST:
         return lower_is_better(call.cost_usd, metric.target or defaults.cost_usd), ""
     if kind == MetricType.METRIC_TYPE_CUSTOM:
-        fn = resolve_callable(metric.callable, what=f"metric {metric.name} callable")
-        value = fn(call.output, expected, input_)
-        if inspect.isawaitable(value):
-            value = await value
-        return float(value), ""
+        return await _custom(metric, call, input_, expected, policy, timeout_s), ""
     if kind == MetricType.METRIC_TYPE_LLM_JUDGE:
         got = await judge.score(
             prompt=call.prompt, response=call.output, rubric=metric.rubric or rubric, reference=reference or ""
@@ -169,3 +175,30 @@ async def _one(
         )
         return got.score, got.judge_id
     return token_f1(call.output, reference), ""
+
+
+async def _custom(
+    metric: Metric,
+    call: CallResult,
+    input_: dict[str, Any],
+    expected: dict[str, Any],
+    policy: RunPolicySettings,
+    timeout_s: float,
+) -> float:
+    """A user's metric ``fn(output, expected, input)``, off the event loop when it is sync;
+    whatever it raises (or a value that is not a number) is a TargetError naming it."""
+    what = f"metric {metric.name} callable"
+    fn = resolve_callable(metric.callable, what=what, policy=policy)
+    try:
+        if inspect.iscoroutinefunction(fn):
+            value = await asyncio.wait_for(fn(call.output, expected, input_), timeout_s)
+        else:
+            value = await asyncio.wait_for(asyncio.to_thread(fn, call.output, expected, input_), timeout_s)
+        if inspect.isawaitable(value):
+            value = await asyncio.wait_for(value, timeout_s)
+        return float(value)
+    except TimeoutError:
+        raise TargetError(f"{what} {metric.callable} timed out after {timeout_s:g}s", retryable=False) from None
+    except Exception as exc:  # noqa: BLE001 - the user's metric failed; that is the outcome
+        text = " ".join(str(exc).split())[:300]
+        raise TargetError(f"{what} {metric.callable} raised {type(exc).__name__}: {text}", retryable=False) from None

@@ -15,6 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from flywheel.api.common.v1.common_pb2 import EventMeta
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest, EvaluationResult
 from flywheel.api.traces.v1.spans_pb2 import Span
+from flywheel.core.run_policy import RunPolicySettings
 from flywheel.evaluator import metrics as metric_fns
 from flywheel.evaluator.judge import JudgeClient
 from flywheel.evaluator.settings import EvaluatorSettings
@@ -44,6 +45,12 @@ class Evaluator:
         self._http = http
         self.replica = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self._defaults = metric_fns.Targets(settings.latency_target_ms, settings.cost_target_usd)
+        self._policy = settings.policy
+
+    @property
+    def policy(self) -> RunPolicySettings:
+        """What requests may name (credential variables, callables, hosts)."""
+        return self._policy
 
     def empty_result(self, req: EvaluationRequest) -> EvaluationResult:
         """A result carrying the request's ids and nothing measured yet."""
@@ -107,6 +114,8 @@ class Evaluator:
             rubric=req.rubric,
             judge=self._judge,
             defaults=self._defaults,
+            policy=self._policy,
+            timeout_s=req.timeout_s or self._settings.call_timeout_s,
         )
         weights = {m.name: req.test_case.metric_weights.get(m.name, m.weight or 1.0) for m in wanted}
         result.components.update(scored.components)
@@ -130,10 +139,10 @@ class Evaluator:
     async def _call_once(self, req: EvaluationRequest, ctx: CallContext) -> CallResult:
         kind = req.target.WhichOneof("kind")
         if kind == "llm":
-            return await call_llm(req.target.llm, ctx)
+            return await call_llm(req.target.llm, ctx, policy=self._policy)
         if kind == "http":
-            return await call_http(req.target.http, ctx, self._http)
-        return await call_python(req.target.python_callable, ctx)
+            return await call_http(req.target.http, ctx, self._http, policy=self._policy)
+        return await call_python(req.target.python_callable, ctx, policy=self._policy)
 
     @staticmethod
     def _fill_call(result: EvaluationResult, call: CallResult) -> None:

@@ -3,6 +3,7 @@
 from pydantic import Field, FilePath, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.settings import NatsSettings, ServiceSettings, client_link_problem
 
 
@@ -11,6 +12,9 @@ class EvaluatorSettings(ServiceSettings):
 
     grpc_port: int = Field(50052, ge=0, le=65535)
     nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
+    # What requests may name: credential variables, callables, hosts (FLYWHEEL_RUN_POLICY_*;
+    # the optimizer reads the same, see flywheel.core.run_policy). Refuses by default.
+    policy: RunPolicySettings = Field(default_factory=RunPolicySettings)
 
     # Evaluations in flight at once in this replica (each holds one unacked request).
     concurrency: int = Field(4, ge=1, le=256)

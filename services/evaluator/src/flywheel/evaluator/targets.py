@@ -4,7 +4,10 @@ transient failures (timeouts, connection errors, 429, 5xx) with exponential back
 jitter, and gives up at once on the rest (a 400, a missing API key, a bad import path).
 
 Secrets (API keys, auth headers) are read from the environment variables the request
-names, at call time, and never logged or put into results or traces."""
+names, at call time, and never logged or put into results or traces. Every call checks the
+run policy again (:mod:`flywheel.core.run_policy`: which variables, callables and hosts a
+request may name) right before it reads a variable, imports a module or opens a connection,
+so nothing reaches a secret, code or host the policy refuses even if validation was skipped."""
 
 from __future__ import annotations
 
@@ -19,16 +22,22 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from flywheel.api.evaluator.v1.events_pb2 import HttpTarget, LlmTarget
 from flywheel.core.llm import LlmClient, LlmSettings, load_litellm
+from flywheel.core.run_policy import RunPolicySettings, env_names
 from flywheel.evaluator.templating import TemplateError, lookup, render_body, render_text
 
 # Config keys passed to the model as sampling parameters; other keys are prompt settings.
 LLM_PARAMS = ("top_p", "seed", "stop", "presence_penalty", "frequency_penalty", "response_format")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Sent as the key when an LLM target names an api_base but no key variable, so LiteLLM does
+# not fall back to a provider key in this process's environment (OPENAI_API_KEY...) and send
+# it to a host the request chose.
+NO_KEY = "no-key"
 
 
 @dataclass
@@ -93,7 +102,10 @@ async def call_with_retries(
     raise AssertionError("unreachable")
 
 
-def _env(name: str, *, what: str) -> str:
+def _env(name: str, *, what: str, policy: RunPolicySettings) -> str:
+    problem = policy.env_problem(name)
+    if problem:
+        raise TargetError(f"{what}: {problem}", retryable=False)
     value = os.environ.get(name)
     if value is None:
         raise TargetError(f"environment variable {name} ({what}) is not set on this evaluator", retryable=False)
@@ -125,10 +137,31 @@ def chat_messages(ctx: CallContext) -> list[dict[str, str]]:
     return chat
 
 
-async def call_llm(target: LlmTarget, ctx: CallContext) -> CallResult:
+def check_url(url: str, *, what: str, policy: RunPolicySettings, llm: bool = False) -> None:
+    """Refuse a URL the policy does not allow, and one that httpx would send to another host
+    than the policy checked (a parser differential, with a host allow-list)."""
+    problem = policy.url_problem(url, llm=llm)
+    if problem:
+        raise TargetError(f"{what}: {problem}", retryable=False)
+    if url and policy.allowed_hosts:
+        checked = (urlsplit(url).hostname or "").lower().rstrip(".")
+        try:
+            sent = httpx.URL(url).host.lower().rstrip(".")
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise TargetError(f"{what}: {url!r} is not a valid URL ({exc})", retryable=False) from None
+        if sent != checked:
+            raise TargetError(f"{what}: {url!r} is read as host {sent!r} and as {checked!r}", retryable=False)
+
+
+async def call_llm(target: LlmTarget, ctx: CallContext, *, policy: RunPolicySettings) -> CallResult:
     """One chat completion through LiteLLM (``config.model`` overrides the target's model)."""
     model = str(ctx.config.get("model") or target.model)
-    api_key = _env(target.api_key_env, what="target.llm.api_key_env") if target.api_key_env else None
+    check_url(target.api_base, what="target.llm.api_base", policy=policy, llm=True)
+    api_key = (
+        _env(target.api_key_env, what="target.llm.api_key_env", policy=policy)
+        if target.api_key_env
+        else (NO_KEY if target.api_base else None)
+    )
     await load_litellm()  # the first call would otherwise import LiteLLM on the event loop
     client = LlmClient(
         LlmSettings(model=model, api_base=target.api_base or None, api_key=api_key, max_retries=0, timeout_s=3600)
@@ -147,7 +180,7 @@ async def call_llm(target: LlmTarget, ctx: CallContext) -> CallResult:
     except Exception as exc:  # noqa: BLE001 - LiteLLM maps every provider error to its own classes
         status = getattr(exc, "status_code", None)
         retryable = status is None or status in (408, 409, 429) or int(status) >= 500
-        text = str(exc).replace(api_key, "***") if api_key else str(exc)  # never echo a key back
+        text = str(exc).replace(api_key, "***") if api_key and api_key != NO_KEY else str(exc)  # never echo a key
         raise TargetError(f"{type(exc).__name__}: {_short(text)}", retryable=retryable) from None
     return CallResult(
         output=done.text,
@@ -161,25 +194,32 @@ async def call_llm(target: LlmTarget, ctx: CallContext) -> CallResult:
 
 
 # -- HTTP -------------------------------------------------------------------------------------
-def http_headers(target: HttpTarget) -> dict[str, str]:
+def http_headers(target: HttpTarget, *, policy: RunPolicySettings) -> dict[str, str]:
     """Static headers plus those read from the environment (``VAR`` or ``Bearer ${VAR}``)."""
     headers = dict(target.headers)
     for name, ref in target.header_envs.items():
         what = f"target.http.header_envs[{name}]"
+        for var in env_names(ref) or [ref]:  # every name is checked before any is read
+            problem = policy.env_problem(var)
+            if problem:
+                raise TargetError(f"{what}: {problem}", retryable=False)
         if "${" in ref:
-            headers[name] = _ENV_REF.sub(lambda m, what=what: _env(m.group(1), what=what), ref)
+            headers[name] = _ENV_REF.sub(lambda m, what=what: _env(m.group(1), what=what, policy=policy), ref)
         else:
-            headers[name] = _env(ref, what=what)
+            headers[name] = _env(ref, what=what, policy=policy)
     return headers
 
 
-async def call_http(target: HttpTarget, ctx: CallContext, client: httpx.AsyncClient) -> CallResult:
+async def call_http(
+    target: HttpTarget, ctx: CallContext, client: httpx.AsyncClient, *, policy: RunPolicySettings
+) -> CallResult:
     """One HTTP call with the templated body; the output is read at ``response_path``."""
+    check_url(target.url, what="target.http.url", policy=policy)
     try:
         body = render_body(target.body_template, ctx.template_values()) if target.body_template else None
     except TemplateError as exc:
         raise TargetError(f"target.http.body_template: {exc}", retryable=False) from None
-    headers = http_headers(target)
+    headers = http_headers(target, policy=policy)
     method = (target.method or "POST").upper()
     started = time.perf_counter()
     try:
@@ -204,27 +244,34 @@ async def call_http(target: HttpTarget, ctx: CallContext, client: httpx.AsyncCli
 
 
 # -- Python -----------------------------------------------------------------------------------
-def resolve_callable(path: str, *, what: str) -> Callable[..., Any]:
-    """Import ``package.module:function``; TargetError naming the problem if it fails."""
+def resolve_callable(path: str, *, what: str, policy: RunPolicySettings) -> Callable[..., Any]:
+    """Import ``package.module:function`` if the policy allows it; TargetError naming the
+    problem if it does not, or if it fails."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise TargetError(f"{what} {path!r} must look like 'package.module:function'", retryable=False)
+    problem = policy.callable_problem(path)
+    if problem:
+        raise TargetError(f"{what}: {problem}", retryable=False)
     try:
         found: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
         raise TargetError(f"{what} {path!r} cannot be imported: {exc}", retryable=False) from None
+    problem = policy.check_resolved(path, found)
+    if problem:
+        raise TargetError(f"{what}: {problem}", retryable=False)
     if not callable(found):
         raise TargetError(f"{what} {path!r} is not callable", retryable=False)
     return found  # type: ignore[no-any-return]
 
 
-async def call_python(path: str, ctx: CallContext) -> CallResult:
+async def call_python(path: str, ctx: CallContext, *, policy: RunPolicySettings) -> CallResult:
     """Call ``fn(input, config)``; it returns the output text, or a dict with ``output`` and
     optionally ``cost_usd``, ``input_tokens``, ``output_tokens``. Sync functions run in a
     worker thread (a timed-out one finishes in the background)."""
-    fn = resolve_callable(path, what="target.python_callable")
+    fn = resolve_callable(path, what="target.python_callable", policy=policy)
     started = time.perf_counter()
     try:
         if inspect.iscoroutinefunction(fn):

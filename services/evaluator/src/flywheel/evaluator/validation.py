@@ -1,12 +1,18 @@
-"""What makes an evaluation request malformed. Such a request can never succeed, so it
-is dead-lettered with every problem listed, not retried."""
+"""What makes an evaluation request malformed or not allowed. Such a request can never
+succeed, so it is dead-lettered with every problem listed, not retried; its run still gets
+an error result (see handlers). The run policy (which credential variables, callables and
+hosts a request may name) is :mod:`flywheel.core.run_policy`, the same one StartRun applies:
+a request published straight on the bus is held to it here, before anything is called."""
 
 from __future__ import annotations
 
 import math
 
+from google.protobuf.struct_pb2 import ListValue, Struct, Value
+
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest, Metric, MetricType
 from flywheel.api.subjects import subject_token
+from flywheel.core.run_policy import RunPolicySettings, policy_problems
 
 SIMILARITY_METHODS = ("", "token_f1", "embedding")
 
@@ -16,8 +22,8 @@ def metric_name(metric: Metric) -> str:
     return metric.name or MetricType.Name(metric.type).removeprefix("METRIC_TYPE_").lower()
 
 
-def problems(req: EvaluationRequest) -> list[str]:
-    """Every reason the request cannot be run (empty when it can)."""
+def problems(req: EvaluationRequest, *, policy: RunPolicySettings) -> list[str]:
+    """Every reason the request cannot be run (empty when it can), policy refusals included."""
     found: list[str] = []
     if not req.request_id:
         found.append("request_id is empty (it is the idempotency key of the result)")
@@ -29,7 +35,14 @@ def problems(req: EvaluationRequest) -> list[str]:
         found.append(str(exc))
     if not req.test_case.test_case_id:
         found.append("test_case.test_case_id is empty")
-    found += _target_problems(req)
+    target_problems = _target_problems(req)
+    found += target_problems
+    for where, struct in (
+        ("config", req.config),
+        ("test_case.input", req.test_case.input),
+        ("test_case.expected", req.test_case.expected),
+    ):
+        found += _non_finite(struct, where)
     if not (math.isfinite(req.timeout_s) and req.timeout_s >= 0):
         found.append(f"timeout_s {req.timeout_s} must be a finite number >= 0")
     names: set[str] = set()
@@ -47,11 +60,46 @@ def problems(req: EvaluationRequest) -> list[str]:
             found.append(f"{where}: target {metric.target} must be a finite number >= 0")
         if metric.type == MetricType.METRIC_TYPE_CUSTOM and ":" not in metric.callable:
             found.append(f"{where}: a custom metric needs callable 'package.module:function'")
+        elif metric.callable:
+            found += policy_problems(policy, callables=[(f"{where}.callable", metric.callable)])
         if metric.method not in SIMILARITY_METHODS:
             found.append(f"{where}: method {metric.method!r} must be token_f1 or embedding")
     for name, weight in req.test_case.metric_weights.items():
         if not (math.isfinite(weight) and weight >= 0):
             found.append(f"test_case.metric_weights[{name}] = {weight} must be a finite number >= 0")
+    if not target_problems:
+        found += _target_policy_problems(req, policy)
+    return found
+
+
+def _target_policy_problems(req: EvaluationRequest, policy: RunPolicySettings) -> list[str]:
+    """What the target names that the run policy refuses (checked on a well-formed target)."""
+    target = req.target
+    kind = target.WhichOneof("kind")
+    if kind == "llm":
+        envs = [("target.llm.api_key_env", target.llm.api_key_env)] if target.llm.api_key_env else []
+        return policy_problems(policy, env_vars=envs, llm_api_bases=[("target.llm.api_base", target.llm.api_base)])
+    if kind == "http":
+        envs = [(f"target.http.header_envs[{name}]", ref) for name, ref in sorted(target.http.header_envs.items())]
+        return policy_problems(policy, env_vars=envs, urls=[("target.http.url", target.http.url)])
+    return policy_problems(policy, callables=[("target.python_callable", target.python_callable)])
+
+
+def _non_finite(value: Struct | ListValue | Value, where: str, limit: int = 5) -> list[str]:
+    """Paths of NaN or infinite numbers (JSON has no such numbers: the target and metrics
+    could not be given them), at most ``limit``."""
+    found: list[str] = []
+    stack: list[tuple[Struct | ListValue | Value, str]] = [(value, where)]
+    while stack and len(found) < limit:
+        item, path = stack.pop()
+        if isinstance(item, Struct):
+            stack += [(v, f"{path}.{k}") for k, v in item.fields.items()]
+        elif isinstance(item, ListValue):
+            stack += [(v, f"{path}[{i}]") for i, v in enumerate(item.values)]
+        elif item.WhichOneof("kind") == "number_value" and not math.isfinite(item.number_value):
+            found.append(f"{path} is {item.number_value}; numbers must be finite")
+        elif item.WhichOneof("kind") in ("struct_value", "list_value"):
+            stack.append((getattr(item, item.WhichOneof("kind")), path))
     return found
 
 
@@ -65,7 +113,7 @@ def _target_problems(req: EvaluationRequest) -> list[str]:
         if not target.llm.model and not (config_model and config_model.string_value):
             return ["target.llm.model is empty (and the config has no model)"]
     elif kind == "http":
-        if not target.http.url.startswith(("http://", "https://")):
+        if not target.http.url.lower().startswith(("http://", "https://")):
             return [f"target.http.url {target.http.url!r} must start with http:// or https://"]
         if target.http.method and target.http.method.upper() not in ("GET", "POST", "PUT", "PATCH"):
             return [f"target.http.method {target.http.method!r} must be GET, POST, PUT or PATCH"]

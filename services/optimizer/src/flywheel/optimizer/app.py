@@ -20,6 +20,8 @@ from flywheel.core import entrypoint
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
+from flywheel.core.retention import sweep_forever
+from flywheel.optimizer import retention
 from flywheel.optimizer.arm_lifecycle import ArmLifecycle
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
@@ -29,6 +31,7 @@ from flywheel.optimizer.runs.driver import RunDriver
 from flywheel.optimizer.runs.grpc_api import RunServicer
 from flywheel.optimizer.runs.proposals import ProposalHandler
 from flywheel.optimizer.runs.results import EvaluationResultHandler
+from flywheel.optimizer.runs.service import RunLimits
 from flywheel.optimizer.selector import Selector, StickySessions
 from flywheel.optimizer.settings import OptimizerSettings
 
@@ -76,7 +79,18 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         ),
         (
             run_grpc.add_RunServiceServicer_to_server,
-            RunServicer(database.sessions, objects),
+            RunServicer(
+                database.sessions,
+                objects,
+                policy=settings.run_policy,
+                limits=RunLimits(
+                    population=settings.run_max_population,
+                    generations=settings.run_max_generations,
+                    test_cases=settings.run_max_test_cases,
+                    evaluations=settings.run_max_evaluations,
+                    parallel_workers=settings.run_max_parallel_workers,
+                ),
+            ),
             _service_name(run_pb, "RunService"),
         ),
     ]
@@ -111,6 +125,13 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     ]
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
     parts.background += [cache.run, decisions.run, lifecycle.run, driver.run]
+
+    async def retention_sweep() -> None:
+        await sweep_forever(
+            database.engine, retention.rules(settings), interval_s=settings.retention_interval_s, service=NAME
+        )
+
+    parts.background.append(retention_sweep)
     # Closers run in reverse: the decision buffer is flushed before the database closes.
     parts.closers.append(decisions.close)
 

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.settings import DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
 
 
@@ -31,3 +32,14 @@ class OptimizerSettings(ServiceSettings):
     lifecycle_interval_s: float = Field(2.0, gt=0)
     # How often the run driver steps each running batch run (fold results, send requests).
     run_tick_s: float = Field(0.5, gt=0, le=60)
+    # The largest batch run StartRun accepts (INVALID_ARGUMENT naming the field and the cap):
+    # a run's search lives in this process, so its size is bounded before anything is built.
+    run_max_population: int = Field(1000, ge=2)
+    run_max_generations: int = Field(1000, ge=1)
+    run_max_test_cases: int = Field(10_000, ge=1)
+    # Candidates x test cases over the whole run (after max_evaluations).
+    run_max_evaluations: int = Field(100_000, ge=1)
+    run_max_parallel_workers: int = Field(256, ge=1)
+    # What run configs may name: credential variables, callables, hosts (FLYWHEEL_RUN_POLICY_*;
+    # the evaluator reads the same, see flywheel.core.run_policy). Refuses by default.
+    run_policy: RunPolicySettings = Field(default_factory=RunPolicySettings)

@@ -15,6 +15,7 @@ from flywheel.api.optimizer.v1 import run_service_pb2_grpc as pb_grpc
 from flywheel.api.optimizer.v1 import runs_pb2
 from flywheel.core.errors import InvalidArgument
 from flywheel.core.objects import ObjectStore
+from flywheel.core.run_policy import RunPolicySettings
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runs import service
 from flywheel.optimizer.runs.driver import ARTIFACTS, BUCKET, RUNNING, STATES, content_type, progress_message
@@ -53,16 +54,26 @@ def _whole_numbers(value: Any) -> Any:
 
 class RunServicer(pb_grpc.RunServiceServicer):
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], objects: ObjectStore, *, watch_interval_s: float = 0.5
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        objects: ObjectStore,
+        *,
+        policy: RunPolicySettings,
+        limits: service.RunLimits,
+        watch_interval_s: float = 0.5,
     ) -> None:
         self._sessions = sessions
         self._objects = objects
+        self._policy = policy
+        self._limits = limits
         self._watch_interval_s = watch_interval_s
 
     async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext) -> pb.StartRunResponse:
         config = _whole_numbers(json_format.MessageToDict(request.config))
         async with self._sessions() as session:
-            row = await service.start_run(session, config=config, name=getattr(request, "name", ""))
+            row = await service.start_run(
+                session, config=config, policy=self._policy, limits=self._limits, name=getattr(request, "name", "")
+            )
         return pb.StartRunResponse(run=run_message(row))
 
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:

@@ -3,25 +3,102 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from flywheel.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from flywheel.core.run_policy import RunPolicySettings, policy_problems
 from flywheel.optimizer.models import RunRow
-from flywheel.optimizer.runconfig import RunConfigError, parse_run_config
+from flywheel.optimizer.runconfig import RunConfig, RunConfigError, parse_run_config
 from flywheel.optimizer.runs.driver import ARTIFACTS, CANCELLED, RUNNING
 
 MAX_LIST = 500
+_SETTING = "FLYWHEEL_OPTIMIZER_RUN_MAX_"
 
 
-async def start_run(session: AsyncSession, *, config: dict[str, Any], name: str = "") -> RunRow:
-    """Validate the config and create a running run (the driver picks it up on its next tick)."""
+@dataclass(frozen=True)
+class RunLimits:
+    """The largest run this optimizer accepts (``FLYWHEEL_OPTIMIZER_RUN_MAX_*``): a run's search
+    state lives in the optimizer, so its size is bounded before anything is built."""
+
+    population: int
+    generations: int
+    test_cases: int
+    evaluations: int
+    parallel_workers: int
+
+
+def policy_refusals(config: RunConfig, policy: RunPolicySettings) -> list[str]:
+    """What the config names that the run policy refuses (``field.path: problem`` each): the
+    same check the evaluator makes on every request built from it."""
+    api, auth = config.api, config.api.auth
+    envs = [(f"api.auth.{f}", v) for f, v in (("token_env", auth.token_env), ("password_env", auth.password_env)) if v]
+    callables = [("api.callable", api.callable)] if api.callable else []
+    callables += [
+        (f"evaluation.metrics.{n}.callable", m.callable) for n, m in config.evaluation.metrics.items() if m.callable
+    ]
+    custom = config.evaluation.custom_evaluator
+    if custom is not None and custom.enabled:
+        callables.append(("evaluation.custom_evaluator", f"{custom.module}:{custom.function}"))
+    urls = [("api.endpoint", api.endpoint)] if api.kind == "http" and api.endpoint else []
+    bases = [("api.api_base", api.api_base or "")] if api.kind == "llm" else []
+    return policy_problems(policy, env_vars=envs, callables=callables, urls=urls, llm_api_bases=bases)
+
+
+def size_refusals(config: RunConfig, cases: int, limits: RunLimits) -> list[str]:
+    """Every size of the run above this optimizer's caps, naming the field and the cap."""
+    evo, execution = config.optimization.evolution, config.optimization.execution
+    found = []
+    for field, value, cap, setting in (
+        ("optimization.evolution.population_size", evo.population_size, limits.population, "POPULATION"),
+        ("optimization.evolution.generations", evo.generations, limits.generations, "GENERATIONS"),
+        ("evaluation.test_cases", cases, limits.test_cases, "TEST_CASES"),
+        (
+            "optimization.execution.parallel_workers",
+            execution.parallel_workers,
+            limits.parallel_workers,
+            "PARALLEL_WORKERS",
+        ),
+    ):
+        if value > cap:
+            found.append(f"{field}: {value} is above this optimizer's cap of {cap} ({_SETTING}{setting})")
+    total = evo.population_size * evo.generations * cases
+    budget = min(config.optimization.max_evaluations or total, total)
+    if budget > limits.evaluations:
+        found.append(
+            f"optimization.max_evaluations: the run may take {budget} evaluations (population {evo.population_size}"
+            f" x generations {evo.generations} x test cases {cases}), above this optimizer's cap of"
+            f" {limits.evaluations} ({_SETTING}EVALUATIONS); lower one of them or set max_evaluations"
+        )
+    return found
+
+
+async def start_run(
+    session: AsyncSession,
+    *,
+    config: dict[str, Any],
+    policy: RunPolicySettings,
+    limits: RunLimits,
+    name: str = "",
+) -> RunRow:
+    """Validate the config (its fields, the run policy, the size caps) and create a running
+    run (the driver picks it up on its next tick)."""
     try:
         parsed = parse_run_config(config)
     except RunConfigError as exc:
         raise InvalidArgument(str(exc)) from None
+    refused = policy_refusals(parsed, policy)
+    inline = parsed.evaluation.test_cases.inline
+    if inline is not None and len(inline) > limits.test_cases:  # before augmentation multiplies them
+        refused.append(
+            f"evaluation.test_cases: {len(inline)} is above this optimizer's cap of {limits.test_cases}"
+            f" ({_SETTING}TEST_CASES)"
+        )
+    if refused:
+        raise InvalidArgument(str(RunConfigError(refused)))
     if parsed.evaluation.test_cases.path:
         raise InvalidArgument(
             "evaluation.test_cases.path: the optimizer cannot read files on your machine; send the test "
@@ -33,6 +110,9 @@ async def start_run(session: AsyncSession, *, config: dict[str, Any], name: str 
         raise InvalidArgument(str(exc)) from None
     if not cases:
         raise InvalidArgument("evaluation.test_cases: a run needs at least one test case")
+    too_big = size_refusals(parsed, len(cases), limits)
+    if too_big:
+        raise InvalidArgument(str(RunConfigError(too_big)))
     evo = parsed.optimization.evolution
     budget = parsed.optimization.max_evaluations or evo.population_size * evo.generations * len(cases)
     row = RunRow(
