@@ -20,6 +20,8 @@ from flywheel.core import entrypoint
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
+from flywheel.core.retention import sweep_forever
+from flywheel.optimizer import retention
 from flywheel.optimizer.arm_lifecycle import ArmLifecycle
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
@@ -123,6 +125,13 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     ]
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
     parts.background += [cache.run, decisions.run, lifecycle.run, driver.run]
+
+    async def retention_sweep() -> None:
+        await sweep_forever(
+            database.engine, retention.rules(settings), interval_s=settings.retention_interval_s, service=NAME
+        )
+
+    parts.background.append(retention_sweep)
     # Closers run in reverse: the decision buffer is flushed before the database closes.
     parts.closers.append(decisions.close)
 

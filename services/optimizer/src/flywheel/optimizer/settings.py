@@ -2,9 +2,10 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.api.subjects import Catalogue
 from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.settings import DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
 
@@ -43,3 +44,39 @@ class OptimizerSettings(ServiceSettings):
     # What run configs may name: credential variables, callables, hosts (FLYWHEEL_RUN_POLICY_*;
     # the evaluator reads the same, see flywheel.core.run_policy). Refuses by default.
     run_policy: RunPolicySettings = Field(default_factory=RunPolicySettings)
+
+    # Retention (flywheel.optimizer.retention, docs/security-bounds.md): rows older than this
+    # are deleted by a sweep every retention_interval_s, in short chunks; 0 keeps forever.
+    decision_retention_days: float = Field(90.0, ge=0)
+    applied_feedback_retention_days: float = Field(90.0, ge=0)
+    run_retention_days: float = Field(180.0, ge=0)
+    retention_interval_s: float = Field(3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _retention_keeps_exactly_once(self) -> "OptimizerSettings":
+        """Deleting a dedup row while its event could still arrive would apply it twice."""
+        day = 86400.0
+        window_days = self.feedback_window_s / day
+        if 0 < self.decision_retention_days < window_days:
+            raise ValueError(
+                f"decision_retention_days ({self.decision_retention_days:g}) is shorter than the feedback "
+                f"window ({window_days:g} days): feedback inside its window would be refused as unknown"
+            )
+        stream_days = max(
+            spec.max_age.total_seconds() / day
+            for spec in Catalogue().streams.values()
+            if any(".product.feedback." in subject for subject in spec.subjects)
+        )
+        need = max(stream_days, window_days, self.decision_retention_days)
+        if self.applied_feedback_retention_days and self.decision_retention_days == 0:
+            raise ValueError(
+                "applied_feedback_retention_days must be 0 (forever) while decision_retention_days is 0: "
+                "a decision kept forever can be sent feedback again, and only its ledger row stops a second apply"
+            )
+        if self.applied_feedback_retention_days and self.applied_feedback_retention_days < need:
+            raise ValueError(
+                f"applied_feedback_retention_days ({self.applied_feedback_retention_days:g}) must be 0 (forever) or "
+                f">= {need:g}: the FEEDBACK stream's max age ({stream_days:g} days), the feedback window and "
+                "decision_retention_days, so a redelivered or resent event is never applied twice"
+            )
+        return self
