@@ -18,7 +18,7 @@ from flywheel.api.common.v1 import common_pb2  # noqa: F401
 from flywheel.api.evaluator.v1 import events_pb2 as _evaluator_events  # noqa: F401
 from flywheel.api.optimizer.v1 import events_pb2 as _optimizer_events  # noqa: F401
 from flywheel.api.society.v1 import events_pb2 as _society_events  # noqa: F401
-from flywheel.api.subjects import Catalogue
+from flywheel.api.subjects import ROLES, Catalogue, role_permissions
 from flywheel.api.traces.v1 import events_pb2 as _traces_events  # noqa: F401
 from flywheel.api.traces.v1 import spans_pb2  # noqa: F401
 from flywheel.api.trainer.v1 import events_pb2 as _trainer_events  # noqa: F401
@@ -99,6 +99,53 @@ def matches(pattern: str, subject: str) -> bool:
     return len(pat) == len(sub)
 
 
+def permissions_section(catalogue: Catalogue) -> str:
+    """Who may publish and read what: one NATS user per role (flywheel.api.subjects.ROLES)."""
+    rows = []
+    for role, spec in ROLES.items():
+        perms = role_permissions(role, catalogue.namespace)
+        if perms is None:
+            rows.append([code(role), "everything", "everything", "any", "all", spec.description])
+            continue
+        if not spec.uses_bus:
+            rows.append([code(role), "-", "-", "-", "none: no NATS user", spec.description])
+            continue
+        produced = []
+        for method in spec.produces:
+            subject = getattr(catalogue, method)(_KEY)
+            if not any(matches(p, subject) for s in catalogue.streams.values() for p in s.subjects):
+                raise ValueError(f"role {role} produces {subject}, which no stream stores")
+            produced.append(code(subject.replace(_KEY, MESSAGE_TYPES[method][0])))
+        produced += [code(catalogue.dead_letter(d)) for d in spec.consumes]
+        api = []
+        if spec.declares_topology:
+            api.append("stream INFO, CREATE, UPDATE on every stream; creates the interest-stream consumers")
+        if spec.consumes:
+            api.append("consumer CREATE, INFO, MSG.NEXT and acks of its own durables")
+        rows.append(
+            [
+                code(role),
+                "<br>".join(produced),
+                ", ".join(map(code, spec.consumes)) or "-",
+                ", ".join(map(code, perms.subscribe)),
+                "; ".join(api) or "-",
+                spec.description,
+            ]
+        )
+    return (
+        "## Who may publish and read what\n\n"
+        "Each role connects as its own NATS user whose publish and subscribe allow-lists are generated from "
+        "`flywheel.api.subjects.ROLES`; anything not listed is refused by the server (a publish is dropped and "
+        "never acked, a subscription gets no messages). A service reads only through its own durable consumers "
+        "(`$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>`, `$JS.ACK.<stream>.<durable>.>`) and receives replies and "
+        "pulled messages on its own inbox prefix, which no other user may subscribe to. A product's user "
+        "subscribes only to `_INBOX.>`, where JetStream sends the acks of its publishes. "
+        "`flywheel-stack nats-permissions --namespace NS` prints the exact allow-lists as nats-server "
+        "`authorization.users` (see docs/security.md for the Helm chart).\n\n"
+        + table(["Role", "Publishes", "Reads (durable)", "Subscribes", "JetStream API", "Description"], rows)
+    )
+
+
 def render(catalogue: Catalogue) -> str:
     pool = descriptor_pool.Default()
     for _, full_name in MESSAGE_TYPES.values():
@@ -152,7 +199,7 @@ def render(catalogue: Catalogue) -> str:
         f"{INTRO}\n## Streams\n\n{streams}\n## Durable consumers\n\n"
         "Pull consumers; a message not acked within *ack wait* is redelivered, and after *max deliver* "
         "deliveries it is dead-lettered.\n\n"
-        f"{consumers}\n## Subject → message type\n\n{subjects}"
+        f"{consumers}\n## Subject → message type\n\n{subjects}\n{permissions_section(catalogue)}"
     )
 
 

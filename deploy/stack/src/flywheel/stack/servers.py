@@ -33,6 +33,8 @@ from urllib.parse import quote
 
 import psutil
 
+from flywheel.api.subjects import ROLES, role_permissions
+
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -366,14 +368,32 @@ class ManagedServer:
     def from_state(cls, d: Mapping[str, Any]) -> Self:
         """Rebuild from to_state(); on ManagedServer itself, the subclass is chosen by ``d["kind"]``."""
         kind = ManagedServer._kinds[d["kind"]] if cls is ManagedServer else cls
-        return cast(Self, kind(d["data_dir"], **{f: d[f] for f in kind._state_fields}))
+        # A field missing from an older state file takes its default.
+        return cast(Self, kind(d["data_dir"], **{f: d[f] for f in kind._state_fields if f in d}))
+
+
+def nats_users(passwords: Mapping[str, str], namespace: str | None, *, admin: str = "admin") -> list[dict[str, Any]]:
+    """nats-server ``authorization.users`` for the roles in ``passwords`` (role -> password): the
+    admin (user name ``admin``) without limits, every other role under its own name with the
+    allow-lists of ``flywheel.api.subjects.role_permissions`` in ``namespace`` (None: any)."""
+    users: list[dict[str, Any]] = []
+    for role, password in passwords.items():
+        perms = role_permissions(role, namespace)
+        if perms is None:
+            users.append({"user": admin, "password": password})
+            continue
+        allow = {"publish": {"allow": list(perms.publish)}, "subscribe": {"allow": list(perms.subscribe)}}
+        users.append({"user": role, "password": password, "permissions": allow})
+    return users
 
 
 class NatsServer(ManagedServer):
-    """nats-server with JetStream and user/password auth."""
+    """nats-server with JetStream and one user per role of ``flywheel.api.subjects.ROLES``:
+    ``user``/``password`` is the unrestricted admin, every other role may publish and read only
+    what its allow-lists say (``role_permissions``)."""
 
     name = "nats"
-    _state_fields = ("port", "monitor_port", "user", "password")
+    _state_fields = ("port", "monitor_port", "user", "password", "role_passwords", "namespace")
 
     def __init__(
         self,
@@ -381,14 +401,38 @@ class NatsServer(ManagedServer):
         *,
         port: int | None = None,
         monitor_port: int | None = None,
-        user: str = "flywheel",
+        user: str = "admin",
         password: str | None = None,
+        role_passwords: Mapping[str, str] | None = None,
+        namespace: str | None = None,
     ) -> None:
+        """``namespace`` pins the permissions to one namespace; None allows every namespace
+        (a server shared by tests that each take a fresh one)."""
         super().__init__(data_dir, port)
         self.monitor_port = monitor_port or free_ports(1, exclude={self.port})[0]
         self.user = user
         self.password = password or secrets.token_urlsafe(18)
+        given = dict(role_passwords or {})
+        self.role_passwords = {
+            role: given.get(role) or secrets.token_urlsafe(18)
+            for role, spec in ROLES.items()
+            if spec.uses_bus and not spec.unrestricted
+        }
+        self.namespace = namespace
         self.config_file = self.data_dir / "nats.conf"
+
+    def credentials(self, role: str) -> tuple[str, str]:
+        """(user, password) of a role's NATS user; the role name is the user name."""
+        if role == "admin":
+            return self.user, self.password
+        if role not in self.role_passwords:
+            raise KeyError(f"no NATS user for role {role!r}; one of {sorted(self.role_passwords)} or 'admin'")
+        return role, self.role_passwords[role]
+
+    def authorization(self) -> dict[str, Any]:
+        """The nats-server ``authorization`` block: the admin without limits, each role with its
+        publish/subscribe allow-lists (anything not listed is refused)."""
+        return {"users": nats_users({"admin": self.password, **self.role_passwords}, self.namespace, admin=self.user)}
 
     @property
     def url(self) -> str:
@@ -405,7 +449,7 @@ class NatsServer(ManagedServer):
                 "max_memory_store": 256 * 1024**2,
                 "max_file_store": 8 * 1024**3,
             },
-            "authorization": {"user": self.user, "password": self.password},
+            "authorization": self.authorization(),
         }
         _write_private(self.config_file, json.dumps(config, indent=2))
 

@@ -10,23 +10,29 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.api.subjects import ROLES
 from flywheel.stack.servers import NatsServer, PostgresServer, S3Server
 from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, migrate
 
 STATE_FILE = "stack.json"
 SECRETS_FILE = "secrets.json"
+# Roles with a NATS user of their own (the admin is NatsServer.user).
+NATS_ROLES = tuple(role for role, spec in ROLES.items() if spec.uses_bus and not spec.unrestricted)
 
 
 def _secrets(root: Path) -> dict[str, str]:
     """Generated passwords, kept (mode 0600) beside the data they protect: PostgreSQL's
-    data folder remembers the password it was initialised with."""
+    data folder remembers the password it was initialised with. ``nats`` is the NATS admin's,
+    ``nats:<role>`` each role's (added to an older file on the next ``up``)."""
     path = root / SECRETS_FILE
-    if path.exists():
-        return json.loads(path.read_text())
-    root.mkdir(parents=True, exist_ok=True)
-    found = {name: secrets.token_urlsafe(18) for name in ("nats", "postgres", "s3")}
-    path.touch(mode=0o600)
-    path.write_text(json.dumps(found))
+    found: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    wanted = ["nats", "postgres", "s3"] + [f"nats:{role}" for role in NATS_ROLES]
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        root.mkdir(parents=True, exist_ok=True)
+        found.update({name: secrets.token_urlsafe(18) for name in missing})
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(found))
     return found
 
 
@@ -40,12 +46,19 @@ class Servers:
     external_database_url: str | None = None
 
     @classmethod
-    def create(cls, root: Path) -> Servers:
-        """Servers with data under ``root``; a second ``up`` on the same data reuses its secrets."""
+    def create(cls, root: Path, *, namespace: str | None = None) -> Servers:
+        """Servers with data under ``root``; a second ``up`` on the same data reuses its secrets.
+        ``namespace`` pins the NATS users' permissions to it; None (tests, benches) lets them
+        work in every namespace."""
         external = os.environ.get("DATABASE_URL")
         secrets = _secrets(root)
         return cls(
-            nats=NatsServer(root / "nats", password=secrets["nats"]),
+            nats=NatsServer(
+                root / "nats",
+                password=secrets["nats"],
+                role_passwords={role: secrets[f"nats:{role}"] for role in NATS_ROLES},
+                namespace=namespace,
+            ),
             s3=S3Server(root / "s3", secret_key=secrets["s3"]),
             postgres=None if external else PostgresServer(root / "postgres", password=secrets["postgres"]),
             external_database_url=external,
@@ -70,13 +83,20 @@ class Servers:
         return self.external_database_url
 
     def env(
-        self, *, namespace: str = "flywheel", schema: str = "public", bucket_prefix: str = "flywheel"
+        self,
+        *,
+        namespace: str = "flywheel",
+        schema: str = "public",
+        bucket_prefix: str = "flywheel",
+        nats_role: str = "admin",
     ) -> dict[str, str]:
-        """The FLYWHEEL_* variables that point a service (or the SDK) at these servers."""
+        """The FLYWHEEL_* variables that point a client at these servers, with the NATS user of
+        ``nats_role`` (the unrestricted admin by default; "product" for the SDK)."""
+        user, password = self.nats.credentials(nats_role)
         return {
             "FLYWHEEL_NATS_URL": self.nats.url,
-            "FLYWHEEL_NATS_USER": self.nats.user,
-            "FLYWHEEL_NATS_PASSWORD": self.nats.password,
+            "FLYWHEEL_NATS_USER": user,
+            "FLYWHEEL_NATS_PASSWORD": password,
             "FLYWHEEL_NATS_NAMESPACE": namespace,
             "FLYWHEEL_DB_URL": self.database_url,
             "FLYWHEEL_DB_SCHEMA": schema,
@@ -85,6 +105,17 @@ class Servers:
             "FLYWHEEL_S3_SECRET_KEY": self.s3.secret_key,
             "FLYWHEEL_S3_BUCKET_PREFIX": bucket_prefix,
         }
+
+    def service_env(
+        self, service: str, *, namespace: str = "flywheel", schema: str = "public", bucket_prefix: str = "flywheel"
+    ) -> dict[str, str]:
+        """``env()`` for one service: its own NATS user, or none for a service that never uses
+        the bus."""
+        if ROLES[service].uses_bus:
+            return self.env(namespace=namespace, schema=schema, bucket_prefix=bucket_prefix, nats_role=service)
+        env = self.env(namespace=namespace, schema=schema, bucket_prefix=bucket_prefix)
+        del env["FLYWHEEL_NATS_USER"], env["FLYWHEEL_NATS_PASSWORD"]
+        return env
 
     def to_state(self) -> dict[str, object]:
         return {
@@ -116,9 +147,10 @@ class Stack:
     @classmethod
     def create(cls, root: Path, *, services: tuple[str, ...] = SERVICES) -> Stack:
         root.mkdir(parents=True, exist_ok=True)
-        servers = Servers.create(root)
-        env = servers.env()
-        procs = {name: ServiceProcess(name, env=env, log_dir=root / "services") for name in services}
+        servers = Servers.create(root, namespace="flywheel")
+        procs = {
+            name: ServiceProcess(name, env=servers.service_env(name), log_dir=root / "services") for name in services
+        }
         return cls(root, servers, procs)
 
     @property
@@ -161,10 +193,13 @@ class Stack:
         """Reattach to a stack started by another process (for ``down`` and ``status``)."""
         state = json.loads((root / STATE_FILE).read_text())
         servers = Servers.from_state(state["servers"])
-        env = servers.env()
         procs = {
             n: ServiceProcess(
-                n, env=env, log_dir=root / "services", grpc_port=s["grpc_port"], metrics_port=s["metrics_port"]
+                n,
+                env=servers.service_env(n),
+                log_dir=root / "services",
+                grpc_port=s["grpc_port"],
+                metrics_port=s["metrics_port"],
             )
             for n, s in state["services"].items()
         }

@@ -65,16 +65,19 @@ def stack_env(servers: Servers, isolation: dict[str, str]) -> dict[str, str]:
 
 
 class Launcher:
-    """Starts services as real processes (migrating first if they own tables) and stops them."""
+    """Starts services as real processes (migrating first if they own tables) and stops them.
+    Each service connects to NATS as its own role's user; ``env`` (the admin's) is for clients."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = env
+    def __init__(self, servers: Servers, isolation: dict[str, str], log_dir: Path) -> None:
+        self.servers = servers
+        self.isolation = isolation
+        self.env = servers.env(**isolation)
         self._log_dir = log_dir
         self._started: list[ServiceProcess] = []
         self._migrated: set[str] = set()
 
     def __call__(self, name: str, *, env: dict[str, str] | None = None, wait: bool = True) -> ServiceProcess:
-        full_env = {**self.env, **(env or {})}
+        full_env = {**self.servers.service_env(name, **self.isolation), **(env or {})}
         if name in MIGRATED and name not in self._migrated:
             migrate(name, full_env)
             self._migrated.add(name)
@@ -91,9 +94,9 @@ class Launcher:
 
 
 @pytest.fixture
-def launch(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Launcher]:
+def launch(servers: Servers, isolation: dict[str, str], tmp_path: Path) -> Iterator[Launcher]:
     """Start services for one test; they are stopped after it."""
-    launcher = Launcher(stack_env, tmp_path / "services")
+    launcher = Launcher(servers, isolation, tmp_path / "services")
     yield launcher
     launcher.stop_all()
 
@@ -102,16 +105,24 @@ def launch(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Launcher]:
 def launch_module(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     """Start services shared by a module's tests (each test uses its own names inside
     them), in an isolation of the module's own (``launch_module.env``)."""
-    launcher = Launcher(servers.env(**new_isolation()), tmp_path_factory.mktemp("services"))
+    launcher = Launcher(servers, new_isolation(), tmp_path_factory.mktemp("services"))
     yield launcher
     launcher.stop_all()
 
 
 @pytest.fixture
 async def nats_client(servers: Servers) -> AsyncIterator[Nats]:
+    """A NATS connection as the unrestricted admin (reads any stream, publishes anything)."""
     nc = await nats.connect(servers.nats.url, user=servers.nats.user, password=servers.nats.password)
     yield nc
     await nc.close()  # not drain(): draining pull subscriptions waits out its timeout
+
+
+@pytest.fixture
+def product_env(servers: Servers, stack_env: dict[str, str]) -> dict[str, str]:
+    """``stack_env`` with the NATS user a product gets: it may publish feedback and spans only."""
+    user, password = servers.nats.credentials("product")
+    return {**stack_env, "FLYWHEEL_NATS_USER": user, "FLYWHEEL_NATS_PASSWORD": password}
 
 
 @pytest.fixture

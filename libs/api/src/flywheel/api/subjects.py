@@ -253,3 +253,149 @@ class Catalogue:
         because such a stream drops a message that no consumer is bound to receive."""
         interest = {name for name, spec in self.streams.items() if spec.retention is Retention.INTEREST}
         return [c for c in self.consumers.values() if c.stream in interest]
+
+
+# -- Who may use the bus for what ------------------------------------------------------------------
+# One NATS user per role, each allowed to publish only what it produces and to read only the
+# durable consumers it owns. The local stack's nats-server config, docs/bus.md and the chart's
+# permissions (`flywheel-stack nats-permissions`) are all generated from this table.
+
+# The reply inbox of a product: the SDK (or any NATS client) keeps the NATS default, so a
+# product's JetStream publish can receive its ack.
+PRODUCT_INBOX = "_INBOX"
+
+
+def service_inbox(service: str) -> str:
+    """Reply-inbox prefix of a service's NATS connection. Each service has its own, so that
+    no other user can be allowed to subscribe to the replies (and pulled messages) sent to it."""
+    return f"_INBOX_{subject_token(service, what='service')}"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """A NATS user's role: the catalogue subjects (method names) it publishes and the durable
+    consumers it reads. ``unrestricted`` is the admin (stream setup, tests, operators' tools)."""
+
+    name: str
+    description: str
+    produces: tuple[str, ...] = ()
+    consumes: tuple[str, ...] = ()
+    # Services declare every stream at startup (infra.connect_bus), so they need the stream
+    # management API; a product does not.
+    declares_topology: bool = False
+    uses_bus: bool = True
+    unrestricted: bool = False
+
+    @property
+    def inbox(self) -> str:
+        return PRODUCT_INBOX if self.name == "product" else service_inbox(self.name)
+
+
+ROLES: dict[str, RoleSpec] = {
+    r.name: r
+    for r in (
+        RoleSpec(
+            "optimizer",
+            "Serves Select/Update, applies feedback, drives batch runs.",
+            produces=("decision", "evaluation_request", "run_progress"),
+            consumes=("optimizer-feedback", "optimizer-evaluation-results", "optimizer-proposals"),
+            declares_topology=True,
+        ),
+        RoleSpec(
+            "evaluator",
+            "Runs evaluation requests and publishes their results and traces.",
+            produces=("evaluation_result", "traces"),
+            consumes=("evaluator-requests",),
+            declares_topology=True,
+        ),
+        RoleSpec(
+            "trace_store",
+            "Stores decisions, feedback and spans; exports datasets.",
+            produces=("dataset_exported",),
+            consumes=("trace-store-decisions", "trace-store-feedback", "trace-store-traces"),
+            declares_topology=True,
+        ),
+        RoleSpec(
+            "society",
+            "Watches runs and proposes candidates and synthetic datasets.",
+            produces=("society_proposal", "society_dataset"),
+            consumes=("society-run-progress",),
+            declares_topology=True,
+        ),
+        RoleSpec(
+            "trainer",
+            "Runs training jobs and reports progress and policy changes.",
+            produces=("training_progress", "policy_changed"),
+            consumes=("trainer-jobs",),
+            declares_topology=True,
+        ),
+        RoleSpec("reward_judge", "Scores outputs over gRPC; never connects to NATS.", uses_bus=False),
+        RoleSpec(
+            "product",
+            "A product using the SDK: publishes feedback and spans, reads nothing.",
+            produces=("feedback", "traces"),
+        ),
+        RoleSpec(
+            "admin",
+            "Stream setup, tests and operators' tools (publishing training jobs, replaying dead letters).",
+            unrestricted=True,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """NATS publish/subscribe allow-lists of one user (everything else is denied)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def role_permissions(role: str, namespace: str | None = "flywheel") -> Permissions | None:
+    """The allow-lists of a role in one namespace, or in every namespace when ``namespace`` is
+    None (the namespace token and the stream names become ``*``: what a server shared by
+    tests with a fresh namespace each needs). None for the unrestricted admin; empty lists
+    for a role that has no business on the bus."""
+    spec = ROLES[role]
+    if spec.unrestricted:
+        return None
+    if not spec.uses_bus:
+        return Permissions((), ())
+    cat = Catalogue(namespace or "flywheel")
+
+    def subj(subject: str) -> str:
+        return subject if namespace else "*" + subject[len(cat.namespace) :]
+
+    def stream(name: str) -> str:
+        return name if namespace else "*"
+
+    def consumer_api(c: ConsumerSpec) -> list[str]:
+        s, d = stream(c.stream), c.durable
+        # nats-py creates a durable through DURABLE.CREATE; newer clients through CREATE with
+        # the name (and the filter subject as extra tokens).
+        return [
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.{d}",
+            f"$JS.API.CONSUMER.CREATE.{s}.{d}",
+            f"$JS.API.CONSUMER.CREATE.{s}.{d}.>",
+            f"$JS.API.CONSUMER.INFO.{s}.{d}",
+        ]
+
+    publish: list[str] = []
+    for method in spec.produces:
+        # Every key is one token, so "*" in its place allows exactly that event's subjects.
+        publish.append(subj(getattr(cat, method)("KEY").rsplit(".", 1)[0] + ".*"))
+    if spec.declares_topology:
+        for name in cat.streams:
+            publish += [f"$JS.API.STREAM.{op}.{stream(name)}" for op in ("INFO", "CREATE", "UPDATE")]
+        for c in cat.interest_consumers():
+            publish += consumer_api(c)
+    for durable in spec.consumes:
+        c = cat.consumer(durable)
+        publish += consumer_api(c)
+        publish += [
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream(c.stream)}.{durable}",
+            f"$JS.ACK.{stream(c.stream)}.{durable}.>",
+            subj(cat.dead_letter(durable)),
+        ]
+    return Permissions(tuple(dict.fromkeys(publish)), (f"{spec.inbox}.>",))

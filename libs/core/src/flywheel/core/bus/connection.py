@@ -10,7 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from flywheel.api.subjects import Catalogue, ConsumerSpec, Retention, StreamSpec
+from flywheel.api.subjects import Catalogue, ConsumerSpec, Retention, StreamSpec, service_inbox
 from flywheel.core.logging import get_logger
 from flywheel.core.settings import NatsSettings
 
@@ -46,6 +46,9 @@ async def connect(settings: NatsSettings, *, name: str) -> Client:
         user_credentials=str(settings.creds_file) if settings.creds_file else None,
         tls=_tls_context(settings),
         connect_timeout=settings.connect_timeout_s,
+        # Replies and pulled messages come to the service's own inbox, which its NATS user alone
+        # may subscribe to (flywheel.api.subjects.ROLES).
+        inbox_prefix=service_inbox(name),
         # A service outlives NATS restarts: keep trying, readiness reports the outage.
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
