@@ -5,6 +5,7 @@
   certificate, with one from another CA, or in plaintext, they are refused.
 - The evaluator calls the reward judge over mTLS with its bearer token: an llm_judge
   metric is scored by the judge's LLM; without a client certificate the judge refuses it.
+  The judge's /metrics is HTTPS with the same certificate and client CA.
 - A service told to listen on 0.0.0.0 without token or TLS does not start (exit 2, naming
   the variables); with a token it starts; with ALLOW_INSECURE it starts and warns. By
   default gRPC and metrics listen on loopback only.
@@ -242,10 +243,17 @@ async def test_evaluator_scores_through_the_mtls_judge_with_its_token(launch, pk
             "FLYWHEEL_REWARD_JUDGE_LLM_API_BASE": llm.base_url,
             "FLYWHEEL_REWARD_JUDGE_LLM_API_KEY": "sk-scripted",
             "FLYWHEEL_REWARD_JUDGE_EMBEDDINGS": "false",
+            "FLYWHEEL_REWARD_JUDGE_METRICS_TLS": "true",
         },
         wait=False,
     )
     await asyncio.to_thread(wait_serving_tls, judge, pki.client_tls())
+    # Its /metrics over HTTPS with the same certificate, and mTLS like its gRPC port.
+    scraped = https_get(judge.metrics_port, "/metrics", pki.ca, client=(pki.client_cert, pki.client_key))
+    assert scraped.startswith(b"HTTP/1.0 200") or scraped.startswith(b"HTTP/1.1 200"), scraped[:100]
+    assert b"flywheel_dependency_ready" in scraped
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        https_get(judge.metrics_port, "/metrics", pki.ca)
     link = {
         "FLYWHEEL_EVALUATOR_JUDGE_ADDRESS": judge.address,
         "FLYWHEEL_EVALUATOR_JUDGE_AUTH_TOKEN": TOKEN,
@@ -439,9 +447,12 @@ def test_model_server_refuses_an_open_address_without_a_key(tmp_path):
     assert time.monotonic() - started < 60  # refused before loading any model
 
 
-def https_get(port: int, path: str, ca: Path, headers: str = "") -> bytes:
-    """GET over TLS verified against ``ca``, expecting the certificate's name at 127.0.0.1."""
+def https_get(port: int, path: str, ca: Path, headers: str = "", client: tuple[Path, Path] | None = None) -> bytes:
+    """GET over TLS verified against ``ca``, expecting the certificate's name at 127.0.0.1;
+    ``client`` is a certificate and key to present."""
     ctx = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        ctx.load_cert_chain(*client)
     request = f"GET {path} HTTP/1.1\r\nHost: {SERVER_NAME}\r\n{headers}Connection: close\r\n\r\n"
     with (
         socket.create_connection(("127.0.0.1", port), timeout=10) as raw,

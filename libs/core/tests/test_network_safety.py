@@ -144,3 +144,8 @@ def test_client_tls_needs_cert_and_key_together_and_names_unreadable_files(tmp_p
     tls = ClientTls(b"ca", b"cert", b"SECRET-KEY", "judge.internal")
     assert tls.options() == [("grpc.ssl_target_name_override", "judge.internal")]
     assert "SECRET" not in repr(tls) and "client certificate" in repr(tls)
+
+
+def test_metrics_tls_needs_the_servers_certificate():
+    with pytest.raises(ValidationError, match="FLYWHEEL_REWARD_JUDGE_TLS_CERT_FILE"):
+        JudgeSettings(metrics_tls=True)

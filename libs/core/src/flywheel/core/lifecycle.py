@@ -50,7 +50,14 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     for warning in settings.exposure_warnings():
         log.warning("insecure listener", detail=warning)
-    serve_metrics(settings.metrics_host, settings.metrics_port)
+    tls = settings.metrics_tls
+    serve_metrics(
+        settings.metrics_host,
+        settings.metrics_port,
+        certfile=settings.tls_cert_file if tls else None,
+        keyfile=settings.tls_key_file if tls else None,
+        client_cafile=settings.tls_client_ca_file if tls else None,
+    )
 
     server, health_servicer, port = build_server(settings, parts.servicers)
     readiness = Readiness(
@@ -67,7 +74,9 @@ async def serve(
         grpc=f"{settings.grpc_host}:{port}",
         tls="mtls" if settings.tls_client_ca_file else bool(settings.tls_cert_file),
         token=settings.auth_token is not None,
-        metrics=f"{settings.metrics_host}:{settings.metrics_port}" if settings.metrics_port else "off",
+        metrics=f"{'https' if settings.metrics_tls else 'http'}://{settings.metrics_host}:{settings.metrics_port}"
+        if settings.metrics_port
+        else "off",
     )
 
     await stop.wait()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RPC_TOTAL = Counter("flywheel_grpc_requests_total", "gRPC requests handled", ["method", "code"])
@@ -18,7 +20,26 @@ EVENT_SECONDS = Histogram("flywheel_event_seconds", "Event handling latency", ["
 READY = Gauge("flywheel_dependency_ready", "1 when the dependency answered its last check", ["dependency"])
 
 
-def serve_metrics(host: str, port: int) -> None:
-    """Expose /metrics on host:port in a daemon thread (port 0 disables)."""
-    if port:
+def serve_metrics(
+    host: str,
+    port: int,
+    *,
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
+    client_cafile: Path | None = None,
+) -> None:
+    """Expose /metrics on host:port in a daemon thread (port 0 disables); over HTTPS with
+    ``certfile`` and ``keyfile``, requiring a client certificate signed by ``client_cafile``."""
+    if not port:
+        return
+    if certfile is None:
         start_http_server(port, addr=host)
+        return
+    start_http_server(
+        port,
+        addr=host,
+        certfile=str(certfile),
+        keyfile=str(keyfile) if keyfile else None,
+        client_cafile=str(client_cafile) if client_cafile else None,
+        client_auth_required=client_cafile is not None,
+    )

@@ -125,6 +125,9 @@ class ServiceSettings(BaseSettings):
     # only, no credentials; a cluster sets 0.0.0.0 so Prometheus can scrape the pod.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9090, ge=0, le=65535)
+    # Serve /metrics over HTTPS with the gRPC server's certificate (and require a client
+    # certificate from tls_client_ca_file when that is set).
+    metrics_tls: bool = False
     # Time in-flight RPCs and events get to finish after SIGTERM.
     shutdown_grace_s: float = Field(5.0, gt=0, le=60)
     # How often readiness (NATS, PostgreSQL, S3) is re-checked.
@@ -149,6 +152,11 @@ class ServiceSettings(BaseSettings):
             raise ValueError(
                 f"{var('tls_client_ca_file')} (mTLS) needs server TLS: set {var('tls_cert_file')} and "
                 f"{var('tls_key_file')}"
+            )
+        if self.metrics_tls and self.tls_cert_file is None:
+            raise ValueError(
+                f"{var('metrics_tls')} serves /metrics with the gRPC server's certificate: set "
+                f"{var('tls_cert_file')} and {var('tls_key_file')}"
             )
         if not (is_loopback(self.grpc_host) or self.auth_token or self.tls_cert_file or self.allow_insecure):
             raise ValueError(
