@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 
+import grpc
 import pytest
 import trustme
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from flywheel.api.tls import ClientTls, is_loopback, target_host
+from flywheel.core.grpc_server import build_server
 from flywheel.core.settings import ServiceSettings, client_link_problem, load_settings
 
 
@@ -149,3 +152,16 @@ def test_client_tls_needs_cert_and_key_together_and_names_unreadable_files(tmp_p
 def test_metrics_tls_needs_the_servers_certificate():
     with pytest.raises(ValidationError, match="FLYWHEEL_REWARD_JUDGE_TLS_CERT_FILE"):
         JudgeSettings(metrics_tls=True)
+
+
+@pytest.mark.parametrize("host", ["::1", "127.0.0.2"])
+async def test_the_server_listens_on_the_loopback_address_it_is_given(host):
+    server, _, port = build_server(ServiceSettings(grpc_host=host, grpc_port=0), [])
+    await server.start()
+    try:
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        async with grpc.aio.insecure_channel(target) as ch:
+            got = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert got.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(None)

@@ -446,7 +446,11 @@ def build_server(
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
-    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    host = settings.grpc_host
+    # An IPv6 address (::, ::1) needs brackets before the port.
+    address = (
+        f"[{host}]:{settings.grpc_port}" if ":" in host and not host.startswith("[") else f"{host}:{settings.grpc_port}"
+    )
     creds = _credentials(settings)
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     return (_SyncServer(server) if sync else server), health_servicer, port
