@@ -47,7 +47,7 @@ ARM_PARAMS = {
 
 async def run_loop(stack: Stack, requests: int) -> None:
     optimizer = stack.services["optimizer"].address
-    env = stack.servers.env()
+    env = stack.servers.env(nats_role="product")  # the demo plays a product: feedback only
     async with grpc.aio.insecure_channel(optimizer) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
         arms = []
