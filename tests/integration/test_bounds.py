@@ -176,3 +176,54 @@ def test_applied_feedback_retention_may_not_undercut_the_feedback_stream(monkeyp
     monkeypatch.setenv("FLYWHEEL_OPTIMIZER_APPLIED_FEEDBACK_RETENTION_DAYS", "7")
     with pytest.raises(ValidationError, match="FEEDBACK stream's max age"):
         OptimizerSettings()  # type: ignore[call-arg]
+
+
+async def test_trace_store_and_judge_logs_are_swept_by_age(launch, servers, isolation):
+    """The trace store's decision/feedback logs and the judge's human labels: old rows go,
+    recent ones stay (FLYWHEEL_TRACE_STORE_LOG_RETENTION_DAYS, ..._HUMAN_LABEL_RETENTION_DAYS)."""
+    launch("trace_store", env={"FLYWHEEL_TRACE_STORE_RETENTION_INTERVAL_S": "0.5"})
+    launch(
+        "reward_judge",
+        env={
+            "FLYWHEEL_REWARD_JUDGE_RETENTION_INTERVAL_S": "0.5",
+            "FLYWHEEL_REWARD_JUDGE_HUMAN_LABEL_RETENTION_DAYS": "30",
+            "FLYWHEEL_REWARD_JUDGE_EMBEDDINGS": "false",
+        },
+    )
+    conn = await asyncpg.connect(servers.postgres.url, server_settings={"search_path": isolation["schema"]})
+    try:
+        for tag, days in (("old", 366), ("new", 300)):
+            await conn.execute(
+                "INSERT INTO decision_log (decision_id, endpoint, arm_id, probability, user_id, context, decided_at, "
+                "recorded_at) VALUES ($1, 'ep', 'a', 0.5, 'u', '{}', now(), now() - make_interval(days => $2))",
+                f"{tag}-d",
+                days,
+            )
+            await conn.execute(
+                "INSERT INTO feedback_log (event_id, decision_id, reward, signals, sent_at, recorded_at) "
+                "VALUES ($1, $2, 1.0, '{}', now(), now() - make_interval(days => $3))",
+                f"{tag}-f",
+                f"{tag}-d",
+                days,
+            )
+        for tag, days in (("old", 31), ("new", 29)):
+            await conn.execute(
+                "INSERT INTO human_labels (judge_id, judge_score, human_score, created_at) "
+                "VALUES ($1, 0.5, 0.5, now() - make_interval(days => $2))",
+                f"{tag}-judge",
+                days,
+            )
+        queries = {
+            "SELECT decision_id FROM decision_log ORDER BY 1": ["new-d"],
+            "SELECT event_id FROM feedback_log ORDER BY 1": ["new-f"],
+            "SELECT judge_id FROM human_labels ORDER BY 1": ["new-judge"],
+        }
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all([await _rows(conn, q) == want for q, want in queries.items()]):
+                break
+            await asyncio.sleep(0.5)
+        for q, want in queries.items():
+            assert await _rows(conn, q) == want, q
+    finally:
+        await conn.close()

@@ -21,10 +21,25 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from flywheel.api.subjects import Catalogue
 from flywheel.core.logging import get_logger
 
 log = get_logger(__name__)
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def stream_max_age_days(*areas: str) -> float:
+    """The longest JetStream max age, in days, of the streams carrying these subject areas
+    (``"product.feedback"``, ``"optimizer.decision"``): a table that deduplicates those
+    events by id must keep its rows at least this long, or a redelivery is stored twice."""
+    ages = [
+        spec.max_age.total_seconds() / 86400
+        for spec in Catalogue().streams.values()
+        if any(f".{area}." in subject for area in areas for subject in spec.subjects)
+    ]
+    if not ages:
+        raise ValueError(f"no stream carries {areas}")
+    return max(ages)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.api.subjects import Catalogue
+from flywheel.core.retention import stream_max_age_days
 from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.settings import DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
 
@@ -62,11 +62,7 @@ class OptimizerSettings(ServiceSettings):
                 f"decision_retention_days ({self.decision_retention_days:g}) is shorter than the feedback "
                 f"window ({window_days:g} days): feedback inside its window would be refused as unknown"
             )
-        stream_days = max(
-            spec.max_age.total_seconds() / day
-            for spec in Catalogue().streams.values()
-            if any(".product.feedback." in subject for subject in spec.subjects)
-        )
+        stream_days = stream_max_age_days("product.feedback")
         need = max(stream_days, window_days, self.decision_retention_days)
         if self.applied_feedback_retention_days and self.decision_retention_days == 0:
             raise ValueError(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flywheel.api.reward.v1 import reward_judge_service_pb2 as pb
 from flywheel.api.reward.v1 import reward_judge_service_pb2_grpc as pb_grpc
-from flywheel.core import entrypoint
+from flywheel.core import entrypoint, retention
 from flywheel.core.infra import connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
 from flywheel.core.logging import get_logger
@@ -117,6 +117,16 @@ async def build(settings: RewardJudgeSettings, parts: ServiceParts) -> None:
                     log.warning("judgement cache purge failed", error=repr(exc))
 
         parts.background.append(purge_expired)
+
+    async def sweep_labels() -> None:
+        await retention.sweep_forever(
+            database.engine,
+            [retention.Rule("human_labels", "created_at", settings.human_label_retention_days)],
+            interval_s=settings.retention_interval_s,
+            service=NAME,
+        )
+
+    parts.background.append(sweep_labels)
 
 
 def main() -> None:

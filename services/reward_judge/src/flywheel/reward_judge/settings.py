@@ -55,3 +55,7 @@ class RewardJudgeSettings(ServiceSettings):
     max_aggregate_candidates: int = Field(10_000, ge=1, le=1_000_000)
     max_signals_per_candidate: int = Field(64, ge=1, le=10_000)
     max_trace_spans: int = Field(100_000, ge=1, le=10_000_000)
+    # Human labels (the agreement figures of GetReliability) older than this are deleted,
+    # so the figures describe the judge's recent behaviour; 0 keeps forever.
+    human_label_retention_days: float = Field(365.0, ge=0)
+    retention_interval_s: float = Field(3600.0, gt=0)

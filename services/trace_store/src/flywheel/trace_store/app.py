@@ -8,7 +8,7 @@ from flywheel.api.optimizer.v1.events_pb2 import DecisionBatch, FeedbackEvent
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import SpanBatch
-from flywheel.core import entrypoint
+from flywheel.core import entrypoint, retention
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
@@ -83,6 +83,19 @@ async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
         )
 
     parts.background.append(sweep)
+
+    async def sweep_logs() -> None:
+        await retention.sweep_forever(
+            database.engine,
+            [
+                retention.Rule("decision_log", "recorded_at", settings.log_retention_days),
+                retention.Rule("feedback_log", "recorded_at", settings.log_retention_days),
+            ],
+            interval_s=settings.retention_interval_s,
+            service=NAME,
+        )
+
+    parts.background.append(sweep_logs)
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """Trace store settings (env prefix ``FLYWHEEL_TRACE_STORE_``)."""
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.core.retention import stream_max_age_days
 from flywheel.core.settings import DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
 
 
@@ -23,3 +24,18 @@ class TraceStoreSettings(ServiceSettings):
     # TTL of agents not listed in retention_days; 0 keeps forever.
     default_retention_days: float = Field(0.0, ge=0)
     retention_interval_s: float = Field(3600.0, gt=0)
+    # decision_log and feedback_log rows (they deduplicate bus events by id) older than this
+    # are deleted by the same sweep; 0 keeps forever. At least the DECISIONS and FEEDBACK
+    # streams' max age, so a redelivery is never stored twice. Traces kept longer lose their
+    # decision and feedback in GetTrace and in dataset exports.
+    log_retention_days: float = Field(365.0, ge=0)
+
+    @model_validator(mode="after")
+    def _log_retention_outlasts_the_streams(self) -> "TraceStoreSettings":
+        need = stream_max_age_days("optimizer.decision", "product.feedback")
+        if 0 < self.log_retention_days < need:
+            raise ValueError(
+                f"log_retention_days ({self.log_retention_days:g}) must be 0 (forever) or >= {need:g}, the max age "
+                "of the DECISIONS and FEEDBACK streams: a redelivered event would be stored twice"
+            )
+        return self
