@@ -10,6 +10,7 @@ import time
 import asyncpg
 import grpc
 import pytest
+from sqlalchemy import text
 
 from flywheel.api.reward.v1 import reward_judge_service_pb2 as pb
 from flywheel.api.reward.v1 import reward_judge_service_pb2_grpc as pb_grpc
@@ -227,3 +228,30 @@ async def test_trace_store_and_judge_logs_are_swept_by_age(launch, servers, isol
             assert await _rows(conn, q) == want, q
     finally:
         await conn.close()
+
+
+async def test_judgement_cache_purge_goes_in_chunks_and_keeps_live_entries(stack_env, monkeypatch):
+    from flywheel.core.db import create_engine, session_factory
+    from flywheel.core.settings import DatabaseSettings
+    from flywheel.reward_judge.cache import PostgresCache
+    from flywheel.stack.services import migrate
+
+    migrate("reward_judge", stack_env)
+    for key, value in stack_env.items():
+        monkeypatch.setenv(key, value)
+    engine = create_engine(DatabaseSettings())  # type: ignore[call-arg]
+    try:
+        cache = PostgresCache(session_factory(engine), ttl_s=3600)
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO judgement_cache (key, value, expires_at) "
+                    "SELECT 'old' || g, '{}', now() - interval '1 second' FROM generate_series(1, 12001) g"
+                )
+            )
+        await cache.put("live", {"score": 1.0})
+        assert await cache.purge() == 12_001  # three chunks of at most 5,000
+        assert await cache.get("live") == {"score": 1.0}
+        assert await cache.purge() == 0
+    finally:
+        await engine.dispose()

@@ -62,7 +62,13 @@ _PUT = text(
     "INSERT INTO judgement_cache (key, value, expires_at) VALUES (:key, CAST(:value AS json), :expires_at) "
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at"
 )
-_PURGE = text("DELETE FROM judgement_cache WHERE expires_at <= now()")
+# In chunks (short transactions, like flywheel.core.retention): a week of expired rows
+# in one statement would hold its locks for as long as it takes.
+_PURGE_CHUNK = 5000
+_PURGE = text(
+    "DELETE FROM judgement_cache WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM judgement_cache WHERE expires_at <= now() LIMIT :n))"
+)
 
 
 class PostgresCache:
@@ -83,6 +89,12 @@ class PostgresCache:
             await s.execute(_PUT, {"key": key, "value": json.dumps(value), "expires_at": datetime.now(UTC) + self._ttl})
 
     async def purge(self) -> int:
-        async with self._sessions() as s, s.begin():
-            result = await s.execute(_PURGE)
-        return int(result.rowcount or 0)  # type: ignore[attr-defined]
+        """Delete expired judgements; returns how many went."""
+        total = 0
+        while True:
+            async with self._sessions() as s, s.begin():
+                result = await s.execute(_PURGE, {"n": _PURGE_CHUNK})
+            deleted = int(result.rowcount or 0)  # type: ignore[attr-defined]
+            total += deleted
+            if deleted < _PURGE_CHUNK:
+                return total
