@@ -15,8 +15,10 @@
 Spans are OpenTelemetry-shaped (16-byte trace ids, 8-byte span ids, hex) and are
 published in batches (``SpanBatch``) on ``<namespace>.product.traces.<agent>`` from a
 background thread, so tracing never blocks the agent; ``flush`` waits for JetStream's
-acks. The current trace and span live in context variables, so nesting works across
-threads' own contexts and asyncio tasks.
+acks. The queue is bounded: while NATS is unreachable the oldest batches are dropped and
+a batch is given up after ``give_up_after_s``, both counted in ``tracer.stats()``. The
+current trace and span live in context variables, so nesting works across threads' own
+contexts and asyncio tasks.
 
 ``instrument`` wraps an agent's chat method (sync, async, sync generator or async
 generator, i.e. streaming) without changing the agent's code. Each call becomes a
