@@ -18,6 +18,8 @@ from flywheel.api.common.v1.common_pb2 import DeadLetter, EventMeta
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
 from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
+from flywheel.api.optimizer.v1 import run_service_pb2 as run_pb
+from flywheel.api.optimizer.v1 import run_service_pb2_grpc as run_grpc
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
@@ -172,6 +174,15 @@ async def test_bad_endpoint_definitions_and_rewards_are_refused_naming_the_field
         assert error.details() == "decision_id: is 65 characters long, more than 64"
         got = await stub.Update(sel_pb.UpdateRequest(decision_id=decision.decision_id, reward=250.0))
         assert got.applied and 200 < got.stats.mean <= 250  # the posterior moved, and is a number
+
+        runs = run_grpc.RunServiceStub(channel)
+        start = run_pb.StartRunRequest()
+        start.config.update({"name": "r", "search": {"population": float("nan")}})
+        error = await refused(runs.StartRun, start)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == "config.search.population: must be a finite number, got nan"
+        error = await refused(runs.GetRun, run_pb.GetRunRequest(run_id="r\x00"))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details() == "run_id: contains a NUL byte"
 
 
 async def test_a_feedback_batch_with_bad_events_applies_the_good_ones_and_dead_letters_only_the_bad(

@@ -16,12 +16,20 @@ from flywheel.api.optimizer.v1 import runs_pb2
 from flywheel.core.errors import InvalidArgument
 from flywheel.core.objects import ObjectStore
 from flywheel.core.run_policy import RunPolicySettings
+from flywheel.core.validation import check_string, check_struct
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runs import service
 from flywheel.optimizer.runs.driver import ARTIFACTS, BUCKET, RUNNING, STATES, content_type, progress_message
 from flywheel.optimizer.runs.requests import struct_of
 
 _STATE_NAMES = {v: k for k, v in STATES.items()}
+# A run config as sent (the run keeps it in a JSON column and in every evaluation request).
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _run_id(value: str) -> str:
+    """A run id from a request: it fits its column (runs.run_id, 64) and holds no NUL."""
+    return check_string(value, "run_id", max_len=64)
 
 
 def run_message(row: RunRow) -> runs_pb2.Run:
@@ -69,6 +77,9 @@ class RunServicer(pb_grpc.RunServiceServicer):
         self._watch_interval_s = watch_interval_s
 
     async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext) -> pb.StartRunResponse:
+        # Generic checks where the request enters (NaN, NUL, depth, size, naming the path);
+        # what a config may mean is checked by service.start_run.
+        check_struct(request.config, "config", max_bytes=MAX_CONFIG_BYTES)
         config = _whole_numbers(json_format.MessageToDict(request.config))
         async with self._sessions() as session:
             row = await service.start_run(
@@ -78,7 +89,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
 
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
         async with self._sessions() as session:
-            return pb.GetRunResponse(run=run_message(await service.get_run(session, run_id=request.run_id)))
+            return pb.GetRunResponse(run=run_message(await service.get_run(session, run_id=_run_id(request.run_id))))
 
     async def ListRuns(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         state = _STATE_NAMES.get(request.state) if request.state else None
@@ -87,8 +98,9 @@ class RunServicer(pb_grpc.RunServiceServicer):
         return pb.ListRunsResponse(runs=[run_message(r) for r in rows])
 
     async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+        run_id = _run_id(request.run_id)
         async with self._sessions() as session:
-            return pb.CancelRunResponse(run=run_message(await service.cancel_run(session, run_id=request.run_id)))
+            return pb.CancelRunResponse(run=run_message(await service.cancel_run(session, run_id=run_id)))
 
     async def WatchRun(
         self, request: pb.WatchRunRequest, context: grpc.aio.ServicerContext
@@ -97,7 +109,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
         last: tuple[Any, ...] | None = None
         while True:
             async with self._sessions() as session:
-                row = await service.get_run(session, run_id=request.run_id)
+                row = await service.get_run(session, run_id=_run_id(request.run_id))
             seen = (row.state, row.generation, row.evaluations_done, bool(row.artifacts))
             if seen != last:
                 last = seen
@@ -111,7 +123,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
         if not request.name:
             raise InvalidArgument(f"name is empty; one of {', '.join(ARTIFACTS)}")
         async with self._sessions() as session:
-            row = await service.get_run(session, run_id=request.run_id)
+            row = await service.get_run(session, run_id=_run_id(request.run_id))
         key = service.artifact_key(row, request.name)
         content = await self._objects.get_bytes(BUCKET, key)
         return pb.GetRunArtifactResponse(name=request.name, content=content, content_type=content_type(request.name))
