@@ -319,3 +319,37 @@ def test_roles_cover_the_catalogue_and_name_one_writer_per_job():
     ]
     assert may_request == ["optimizer", "admin"]
     assert role_permissions("reward_judge", "flywheel") == Permissions((), ())
+
+
+class StreamsMadeByAdmin(NatsServer):
+    """A server whose service users may look at streams but not create or change them: what a
+    deployment gets when its admin declares the streams and the services' CREATE/UPDATE go."""
+
+    def authorization(self) -> dict:
+        config = super().authorization()
+        for user in config["users"]:
+            if "permissions" in user:
+                allow = user["permissions"]["publish"]["allow"]
+                allow[:] = [s for s in allow if not s.startswith(("$JS.API.STREAM.CREATE.", "$JS.API.STREAM.UPDATE."))]
+        return config
+
+
+async def test_services_need_only_stream_info_once_the_admin_made_the_streams(tmp_path: Path):
+    server = StreamsMadeByAdmin(tmp_path / "admin-streams", namespace="flywheel")
+    await asyncio.to_thread(server.start)
+    try:
+        admin = await nats.connect(server.url, user=server.user, password=server.password)
+        optimizer = await Probe.connect(server, "optimizer")
+        try:
+            with pytest.raises(NatsTimeoutError):  # nothing there yet, and it may not create
+                await ensure_topology(optimizer.nc.jetstream(), Catalogue("flywheel"))
+            await ensure_topology(admin.jetstream(), Catalogue("flywheel"))
+            optimizer.errors.clear()
+            # Unchanged streams are left alone: declaring them again needs STREAM.INFO only.
+            await ensure_topology(optimizer.nc.jetstream(), Catalogue("flywheel"))
+            assert optimizer.errors == []
+        finally:
+            await optimizer.close()
+            await admin.close()
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -78,15 +78,21 @@ def _stream_config(spec: StreamSpec) -> StreamConfig:
     )
 
 
+_DECLARED = ("subjects", "description", "retention", "storage", "max_age", "duplicate_window")
+
+
 async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> None:
     """Create the stream, or update its mutable settings if it exists."""
     config = _stream_config(spec)
     try:
-        await js.stream_info(spec.name)
+        info = await js.stream_info(spec.name)
     except NotFoundError:
         await js.add_stream(config)
         return
-    await js.update_stream(config)
+    # Only when a declared setting changed: then a deployment whose admin makes the streams can
+    # deny its services STREAM.CREATE/UPDATE (docs/security.md, the bus's users).
+    if any(getattr(info.config, f) != getattr(config, f) for f in _DECLARED):
+        await js.update_stream(config)
 
 
 async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
