@@ -72,7 +72,7 @@ class Probe:
     async def refused_publish(self, subject: str, payload: bytes) -> bool:
         """True when JetStream never acknowledged the publish and the server said why."""
         try:
-            await self.nc.jetstream().publish(subject, payload, timeout=1.0)
+            await self.nc.jetstream().publish(subject, payload, timeout=0.5)
         except NatsTimeoutError:
             await asyncio.sleep(0.1)  # the -ERR may trail the timeout
             return subject.lower() in self.violations("publish")
