@@ -187,3 +187,29 @@ def test_sync_client_without_nats_and_close_is_idempotent():
         client.feedback(DECISION, reward=1.0)
     client.close()
     client.close()
+
+
+def test_integral_param_numbers_come_back_as_ints():
+    from google.protobuf.struct_pb2 import Struct
+
+    from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
+    from flywheel.sdk._transport import decision_from
+
+    params = {"max_tokens": 256, "temperature": 0.5, "big": 2.0**60, "neg": -3, "nested": [{"k": 4}, 1.5, "s"]}
+    struct = Struct()
+    struct.update(params)
+    resp = sel_pb.SelectResponse(decision_id="d", arm_id="a", params=struct, probability=1.0)
+    got = decision_from("ep", resp).params
+    assert got["max_tokens"] == 256 and type(got["max_tokens"]) is int
+    assert type(got["neg"]) is int and type(got["nested"][0]["k"]) is int
+    assert type(got["temperature"]) is float and got["nested"][1] == 1.5
+    assert type(got["big"]) is float  # beyond 2**53 a double is not an exact integer: left alone
+    assert type(decision_from("ep", resp, int_params=False).params["max_tokens"]) is float
+
+
+def test_runtime_feedback_ids_are_stable_per_decision_and_key():
+    from flywheel.sdk.convergence import feedback_id_for
+
+    assert feedback_id_for("d-1") == feedback_id_for("d-1") != feedback_id_for("d-2")
+    assert feedback_id_for("d-1", "click") != feedback_id_for("d-1") != feedback_id_for("d-1", "buy")
+    assert len(feedback_id_for("x" * 500, "y" * 500)) <= 128  # the optimizer's feedback_id limit

@@ -17,7 +17,7 @@ from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.api.subjects import Catalogue
 from flywheel.api.tls import ClientTls, channel
-from flywheel.sdk.decision import Decision, check_feedback
+from flywheel.sdk.decision import Decision, check_feedback, plain_number
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as Nats
@@ -117,12 +117,15 @@ def select_request(
     return sel_pb.SelectRequest(endpoint=endpoint, user_id=user_id, context=ctx, session_id=session_id)
 
 
-def decision_from(endpoint: str, resp: sel_pb.SelectResponse) -> Decision:
+def decision_from(endpoint: str, resp: sel_pb.SelectResponse, *, int_params: bool = True) -> Decision:
+    """The Decision of a SelectResponse; ``int_params`` turns integral numbers back into ints
+    (the rule is in ``flywheel.sdk.decision``)."""
+    params = json_format.MessageToDict(resp.params)
     return Decision(
         decision_id=resp.decision_id,
         endpoint=endpoint,
         arm_id=resp.arm_id,
-        params=json_format.MessageToDict(resp.params),
+        params=plain_number(params) if int_params else params,
         probability=resp.probability,
     )
 

@@ -41,11 +41,46 @@ different loop than the last one gets a fresh client.
   ``{"arms": [{"arm_id": "a", "params": {...}}], "policy": {...}, "reward": {...}}``.
 - A list of param dicts: the arms are named ``arm-0``, ``arm-1``, ...
 
-Differences in behaviour, on purpose:
+Per-user learning. The Convergence kept one posterior per user (and agent type); a
+Flywheel endpoint keeps one for everyone unless its policy names a ``segment_key``.
+``configure_runtime(..., per_user=True)`` creates the endpoint with ``segment_key:
+user_id``: each user gets a posterior of their own, which starts from the endpoint's
+(borrowing at most ``segment_prior_strength`` pulls, 10 by default) instead of from a flat
+prior, so a new user is served the arm that works for most users until their own feedback
+says otherwise. A live endpoint keeps its policy: ``per_user=True`` against one without
+``segment_key: user_id`` raises ``ValueError`` (change it with ``flywheel endpoint apply``).
+Without ``per_user`` the endpoint's policy decides.
 
-- ``runtime_update`` goes over gRPC ``Update`` with a fresh ``feedback_id`` (so it works
-  without NATS) and raises ``grpc.RpcError`` on failure (an unknown decision, an expired
-  one) instead of returning ``{"success": False}``.
+Integer params. Params travel as protobuf ``Struct`` numbers (doubles); the selection's
+``params`` turn every integral number within +-2**53 back into an ``int``, so
+``max_tokens: 256`` is ``256`` again, as OpenAI requires (``float()`` a param that must be
+a float; the rule is in ``flywheel.sdk.decision``).
+
+Errors and fallbacks, as The Convergence returned them:
+
+- ``runtime_select`` falls back instead of raising when the optimizer cannot serve the
+  endpoint (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``NOT_FOUND``, ``FAILED_PRECONDITION``,
+  ``RESOURCE_EXHAUSTED``): the first arm of the config given to ``configure_runtime``
+  (else the endpoint's first live arm seen then, else ``arm_id="default"`` with empty
+  params), with ``decision_id=None``, ``probability=1.0`` and ``metadata["fallback"] =
+  True`` plus ``metadata["error"]``, as The Convergence's ``_fallback_selection`` did.
+  A refused call (bad token, bad request) still raises; ``fallback=False`` raises always.
+- ``runtime_update`` returns ``{"success": False, "error": ..., "code": ..., "reward": ...,
+  "engagement_score": ..., "grading_score": ...}`` for feedback the optimizer refuses
+  (an unknown decision, one older than the feedback window, a bad value: gRPC
+  ``NOT_FOUND``, ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``) and for a fallback
+  selection's ``decision_id=None``. A transport failure (``UNAVAILABLE``, a timeout)
+  raises ``grpc.RpcError``: retry it, which is safe (next point).
+- A retried ``runtime_update`` counts once. Its ``feedback_id`` is derived from the
+  ``decision_id`` (and ``idempotency_key`` when given), not drawn at random, and the
+  optimizer applies each feedback id at most once: by default a decision takes one update,
+  as in The Convergence, and a repeat returns ``success: True, applied: False`` with the
+  arm's current stats. Pass a distinct ``idempotency_key`` per update to report several
+  outcomes of one decision.
+
+Other differences, on purpose:
+
+- ``runtime_update`` goes over gRPC ``Update`` (so it works without NATS).
 - The reward is ``reward``, else ``engagement_score`` (The Convergence's order). With
   neither, the endpoint's reward spec combines ``signals`` on the server (the weighted
   mean of the declared signals present: a missing signal is not a zero). With none of the
@@ -53,7 +88,8 @@ Differences in behaviour, on purpose:
   ``engagement_score`` and ``grading_score`` are sent as signals of those names, recorded
   but not changing the reward. ``metadata`` is accepted and ignored.
 - ``agent_type`` of ``runtime_select`` is passed as context key ``agent_type`` (use it as
-  the policy's ``segment_key`` for per-agent posteriors).
+  the policy's ``segment_key`` for per-agent posteriors; one endpoint has one segment key,
+  so per user *and* agent type means one endpoint per agent type).
 - ``RuntimeSelection`` carries ``probability`` (the policy's probability of the chosen
   arm, logged for off-policy evaluation); ``sampled_value`` is None and ``arms_state`` empty.
 """
@@ -61,19 +97,22 @@ Differences in behaviour, on purpose:
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1.endpoint_admin_service_pb2_grpc import EndpointAdminServiceStub
 from flywheel.sdk._transport import tls_from_env
 from flywheel.sdk.client import FlywheelClient
-from flywheel.sdk.decision import Decision
+from flywheel.sdk.decision import Decision, plain_number
 from flywheel.sdk.endpoint_file import EndpointFile, parse_endpoint
 
 __all__ = [
@@ -81,10 +120,28 @@ __all__ = [
     "close_runtime",
     "configure_runtime",
     "endpoint_from_config",
+    "feedback_id_for",
     "runtime_client",
     "runtime_select",
     "runtime_update",
 ]
+
+log = logging.getLogger("flywheel.sdk.convergence")
+
+# Select errors that mean "the optimizer cannot serve this now": fall back like The Convergence.
+_FALLBACK_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+# Update errors that refuse this feedback for good: The Convergence's ``success: False``.
+_REFUSED_CODES = frozenset(
+    {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
+)
 
 # The Convergence's RuntimeConfig keys that have no Flywheel counterpart.
 _IGNORED_KEYS = {"system", "agent_type", "min_arms", "cache_ttl_seconds"}
@@ -99,7 +156,7 @@ _STABILITY_TO_INCUMBENT = {
 class RuntimeSelection:
     """What ``runtime_select`` returns (The Convergence's shape, plus ``probability``)."""
 
-    decision_id: str
+    decision_id: str | None  # None for a fallback selection (nothing was logged)
     arm_id: str
     params: dict[str, Any]
     probability: float
@@ -114,6 +171,7 @@ class _Runtime:
         self.overrides: dict[str, Any] = {}
         self.client: FlywheelClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.fallbacks: dict[str, tuple[str, dict[str, Any]]] = {}  # system -> (arm_id, params)
 
 
 _runtime = _Runtime()
@@ -174,8 +232,10 @@ def _arm(i: int, item: Any) -> dict[str, Any]:
     return {"arm_id": f"arm-{i}", "params": dict(item)}
 
 
-def endpoint_from_config(endpoint: str, config: Any) -> EndpointFile:
-    """Turn a Convergence runtime config (or Flywheel's shape, or a list of params) into an endpoint."""
+def endpoint_from_config(endpoint: str, config: Any, *, per_user: bool = False) -> EndpointFile:
+    """Turn a Convergence runtime config (or Flywheel's shape, or a list of params) into an endpoint.
+
+    ``per_user`` sets the policy's ``segment_key`` to ``user_id`` (a posterior per user)."""
     config = _as_mapping(config)
     if isinstance(config, Sequence) and not isinstance(config, str | bytes):
         config = {"arms": list(config)}
@@ -212,6 +272,14 @@ def endpoint_from_config(endpoint: str, config: Any) -> EndpointFile:
         reward = dict(_as_mapping(data.get("reward")) or {})
         reward["signal_weights"] = {**weights, **(reward.get("signal_weights") or {})}
         data["reward"] = reward
+    if per_user:
+        policy = dict(_as_mapping(data.get("policy")) or {})
+        if policy.get("segment_key", "user_id") != "user_id":
+            raise ValueError(
+                f"per_user=True means policy.segment_key 'user_id', but the config sets {policy['segment_key']!r}"
+            )
+        policy["segment_key"] = "user_id"
+        data["policy"] = policy
     return parse_endpoint(data, source=f"runtime config of {endpoint!r}")
 
 
@@ -231,12 +299,15 @@ async def configure_runtime(
     tls_private_key: bytes | None = None,
     tls_server_name: str | None = None,
     timeout_s: float = 10.0,
+    per_user: bool = False,
 ) -> None:
     """Point the module at an optimizer (keyword overrides) and make sure ``system`` exists there.
 
     ``system`` is the endpoint name. Creates the endpoint from ``config`` when missing;
-    otherwise adds the config's arms that it lacks. ``storage`` is ignored (the optimizer
-    keeps the state). See the module docstring for the config shapes.
+    otherwise adds the config's arms that it lacks. ``per_user=True`` learns a posterior
+    per user (``segment_key: user_id``; a live endpoint must already have it). ``storage``
+    is ignored (the optimizer keeps the state). See the module docstring for the config
+    shapes, the fallback arm and the error shapes.
     """
     del storage
     overrides = {
@@ -267,7 +338,10 @@ async def configure_runtime(
                 return None
             raise
 
-    wanted = endpoint_from_config(system, config) if _has_arms(config) else None
+    wanted = endpoint_from_config(system, config, per_user=per_user) if _has_arms(config) else None
+    if wanted is not None:
+        first = wanted.arms[0]
+        _runtime.fallbacks[system] = (first.arm_id, plain_number(dict(first.params)))
     current = await live()
     if current is None:
         if wanted is None:
@@ -281,6 +355,18 @@ async def configure_runtime(
             current = await live()
             if current is None:
                 raise
+    if per_user and current.policy.segment_key != "user_id":
+        key = current.policy.segment_key
+        raise ValueError(
+            f"endpoint {system!r} learns {f'per {key!r}' if key else 'one posterior for all users'}, not per "
+            "user; configure_runtime does not change a live endpoint's policy: set policy.segment_key "
+            "to user_id with `flywheel endpoint apply`, or call without per_user=True"
+        )
+    if system not in _runtime.fallbacks:
+        live_arms = [a for a in current.arms if a.status != pb.ARM_STATUS_RETIRED]
+        if live_arms:
+            params = json_format.MessageToDict(live_arms[0].params)
+            _runtime.fallbacks[system] = (live_arms[0].arm_id, plain_number(params))
     if wanted is None:
         return
     have = {a.arm_id for a in current.arms}
@@ -309,13 +395,22 @@ async def runtime_select(
     user_id: str = "",
     agent_type: str | None = None,
     context: dict[str, Any] | None = None,
+    fallback: bool = True,
 ) -> RuntimeSelection:
-    """Choose an arm of endpoint ``system`` for this request."""
+    """Choose an arm of endpoint ``system`` for this request.
+
+    When the optimizer cannot serve it (see the module docstring) and ``fallback`` is on,
+    returns the fallback arm with ``decision_id=None`` and ``metadata["fallback"]``."""
     ctx = dict(context or {})
     if agent_type is not None:
         ctx.setdefault("agent_type", agent_type)
     client = await runtime_client()
-    d = await client.select(system, user_id=user_id or "", context=ctx)
+    try:
+        d = await client.select(system, user_id=user_id or "", context=ctx)
+    except grpc.aio.AioRpcError as exc:
+        if not fallback or exc.code() not in _FALLBACK_CODES:
+            raise
+        return _fallback_selection(system, exc)
     return RuntimeSelection(
         decision_id=d.decision_id,
         arm_id=d.arm_id,
@@ -326,10 +421,33 @@ async def runtime_select(
     )
 
 
+def _fallback_selection(system: str, exc: grpc.aio.AioRpcError) -> RuntimeSelection:
+    """The Convergence's ``_fallback_selection``: the first known arm, nothing logged."""
+    error = f"{exc.code().name}: {exc.details() or ''}".strip()
+    log.warning("runtime_select(%r) fell back to the default arm: %s", system, error)
+    known = _runtime.fallbacks.get(system)
+    arm_id, params = known if known is not None else ("default", {})
+    return RuntimeSelection(
+        decision_id=None,
+        arm_id=arm_id,
+        params=dict(params),
+        probability=1.0,
+        endpoint=system,
+        sampled_value=0.5 if known is not None else 0.0,
+        metadata={"system": system, "fallback": True, "error": error},
+    )
+
+
+def feedback_id_for(decision_id: str, idempotency_key: str | None = None) -> str:
+    """The feedback id ``runtime_update`` sends: the same for a retried call, so it counts once."""
+    digest = hashlib.sha256(f"{decision_id}\0{idempotency_key or ''}".encode()).hexdigest()
+    return f"rt-{digest[:40]}"
+
+
 async def runtime_update(
     system: str,
     *,
-    decision_id: str,
+    decision_id: str | None,
     reward: float | None = None,
     signals: dict[str, float] | None = None,
     user_id: str | None = None,
@@ -337,11 +455,13 @@ async def runtime_update(
     engagement_score: float | None = None,
     grading_score: float | None = None,
     metadata: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
-    """Report how a decision went, over gRPC ``Update`` with a fresh ``feedback_id``."""
+    """Report how a decision went, over gRPC ``Update``; a retried call counts once.
+
+    Returns The Convergence's dict: ``success`` with the arm's stats, or ``success: False``
+    with ``error`` for feedback the optimizer refuses (module docstring)."""
     del user_id, agent_type, metadata  # the decision knows its user; kept for call compatibility
-    if not decision_id:
-        raise ValueError("runtime_update needs the decision_id that runtime_select returned")
     scalar = reward if reward is not None else engagement_score
     sent = dict(signals or {})
     if scalar is not None:
@@ -349,17 +469,30 @@ async def runtime_update(
         sent.update({k: v for k, v in extras.items() if v is not None and k not in sent})
     if scalar is None and not sent:
         raise ValueError("runtime_update needs a reward, an engagement_score or signals")
+    echo = {"reward": scalar, "engagement_score": engagement_score, "grading_score": grading_score}
+    if not decision_id:
+        return {
+            "success": False,
+            "error": "no decision_id: a fallback selection is not logged and takes no feedback",
+            "code": "NO_DECISION",
+            **echo,
+        }
     client = await runtime_client()
     decision = Decision(decision_id=decision_id, endpoint=system, arm_id="", params={}, probability=0.0)
-    resp = await client.update(decision, reward=scalar, signals=sent or None)
+    try:
+        resp = await client.update(
+            decision, reward=scalar, signals=sent or None, feedback_id=feedback_id_for(decision_id, idempotency_key)
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in _REFUSED_CODES:
+            raise
+        return {"success": False, "error": exc.details() or exc.code().name, "code": exc.code().name, **echo}
     return {
         "success": True,
         "applied": resp.applied,
         "decision_id": decision_id,
         "arm_id": resp.stats.arm_id,
-        "reward": scalar,
-        "engagement_score": engagement_score,
-        "grading_score": grading_score,
+        **echo,
         "stats": {
             "pulls": resp.stats.pulls,
             "mean": resp.stats.mean,

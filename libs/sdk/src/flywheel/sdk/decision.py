@@ -17,6 +17,14 @@ is decided by the endpoint's reward spec, on the server:
   call ``set_reward`` or declare the signals that should count (for example
   ``{quality: 1.0}``; raw milliseconds and dollars are not rewards in [0, 1], so give them
   weight only once a signal of yours has normalised them).
+
+Integer params. Arm params travel as a protobuf ``Struct``, which stores every number as a
+double: ``max_tokens: 256`` would come back as ``256.0``, which OpenAI and most typed APIs
+refuse. So ``Decision.params`` turns every number that is integral, finite and within
++-2**53 (where a double holds every integer exactly) back into an ``int``, at any depth.
+The cost: a param written as ``1.0`` arrives as ``1`` (equal in Python and in JSON
+arithmetic; ``float()`` it where a type check insists). Clients built with
+``int_params=False`` keep the doubles as they came.
 """
 
 from __future__ import annotations
@@ -39,6 +47,20 @@ class Decision:
     arm_id: str
     params: dict[str, Any]
     probability: float
+
+
+_MAX_EXACT_INT = 2**53
+
+
+def plain_number(value: Any) -> Any:
+    """An integral double within +-2**53 as ``int`` (see "Integer params" above); else as given."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_EXACT_INT:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: plain_number(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_number(v) for v in value]
+    return value
 
 
 def check_feedback(reward: float | None, signals: dict[str, float] | None) -> None:

@@ -80,11 +80,13 @@ class SyncFlywheelClient:
         tls_private_key: bytes | None = None,
         tls_server_name: str | None = None,
         source: str = "sdk",
+        int_params: bool = True,
     ) -> None:
         tls = _transport.client_tls(tls_root_certificates, tls_certificate_chain, tls_private_key, tls_server_name)
         self._channel = channel(target, tls)
         self._selection = SelectionServiceStub(self._channel)
         self._metadata = _transport.metadata(auth_token)
+        self._int_params = int_params  # integral param numbers as int (see flywheel.sdk.decision)
         self._nats = (
             _transport.NatsFeedback(
                 url=nats_url, user=nats_user, password=nats_password, namespace=namespace, source=source
@@ -141,7 +143,7 @@ class SyncFlywheelClient:
             timeout=timeout_s,
             metadata=self._metadata,
         )
-        return _transport.decision_from(endpoint, resp)
+        return _transport.decision_from(endpoint, resp, int_params=self._int_params)
 
     def feedback(
         self,
