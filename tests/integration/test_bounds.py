@@ -73,6 +73,20 @@ async def test_yaml_alias_bomb_is_refused_and_the_judge_keeps_serving(judge_proc
             and "PutRubricRequest.yaml is 300,016 characters; at most 100,000" in info.value.details()
         )
         assert health_status(judge_process.address) == "SERVING"
+        # Other request sizes: a huge or NUL-laden rubric name, an oversized group.
+        for name in ("r" * 1_000_000, "bad\x00name"):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await judge.Score(pb.ScoreRequest(prompt="Q?", response="A", rubric=name), timeout=20)
+            assert info.value.code() == INVALID and "rubric name must match" in info.value.details()
+            assert len(info.value.details()) < 300
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await judge.Rank(pb.RankRequest(prompt="Q?", responses=["a"] * 17), timeout=20)
+        assert info.value.code() == INVALID and "MAX_GROUP_SIZE" in info.value.details()
+        signals = [pb.Signal(name=f"s{i}", value=0.5) for i in range(65)]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await judge.Aggregate(pb.AggregateRequest(candidates=[pb.Candidate(id="c", signals=signals)]))
+        assert info.value.code() == INVALID and "candidates[0].signals has 65" in info.value.details()
+        assert health_status(judge_process.address) == "SERVING"
 
 
 async def test_embedding_score_without_a_reference_answers_within_its_deadline(judge_process):

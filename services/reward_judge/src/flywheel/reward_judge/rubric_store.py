@@ -14,6 +14,8 @@ from flywheel.reward_judge import rubric as rubrics
 from flywheel.reward_judge.models import RubricRow
 from flywheel.reward_judge.rubric import Rubric
 
+# A NotFound lists what exists, up to this many names.
+MAX_NAMES_LISTED = 50
 _INSERT_NEXT = text(
     "INSERT INTO rubrics (name, version, body) "
     "SELECT CAST(:name AS varchar), COALESCE(MAX(version), 0) + 1, CAST(:body AS json) "
@@ -36,6 +38,9 @@ class RubricStore:
         name = name or "default"
         if version < 0:
             raise InvalidArgument(f"rubric version must be >= 0 (0 for the latest), got {version}")
+        if not rubrics.NAME.fullmatch(name):
+            # Checked before the query: a megabyte or a NUL byte never reaches PostgreSQL or the message.
+            raise InvalidArgument(f"rubric name must match {rubrics.NAME.pattern}, got {name[:80]!r}")
         preset = rubrics.presets().get(name)
         if preset is not None:
             if version not in (0, preset.version):
@@ -46,7 +51,9 @@ class RubricStore:
             q = q.where(RubricRow.version == version) if version else q.order_by(RubricRow.version.desc()).limit(1)
             row = (await s.execute(q)).scalar_one_or_none()
         if row is None:
-            known = ", ".join(sorted(r.name for r in await self.list()))
+            names = sorted(r.name for r in await self.list())
+            more = len(names) - MAX_NAMES_LISTED
+            known = ", ".join(names[:MAX_NAMES_LISTED]) + (f" and {more} more" if more > 0 else "")
             what = f"rubric {name!r}" + (f" version {version}" if version else "")
             raise NotFound(f"{what} does not exist; known rubrics: {known}")
         return _row_to_rubric(row)
