@@ -89,7 +89,9 @@ async def test_a_batch_with_a_broken_decision_keeps_the_rest_and_is_dead_lettere
     trace_store = launch("trace_store")
     catalogue = Catalogue(isolation["namespace"])
     js = nats_client.jetstream()
-    good = DecisionEvent(meta=EventMeta(event_id="ok-1"), decision_id="ok-1", endpoint="bot", arm_id="a")
+    good = DecisionEvent(
+        meta=EventMeta(event_id="ok-1"), decision_id="ok-1", endpoint="bot", arm_id="a", probability=0.5
+    )
     broken = DecisionEvent(meta=EventMeta(event_id="bad"), decision_id="bad", endpoint="bot")  # no arm
     batch = DecisionBatch(meta=EventMeta(event_id="b-1"), decisions=[good, broken])
     await js.publish(catalogue.decision("bot"), batch.SerializeToString())
@@ -105,5 +107,6 @@ async def test_a_batch_with_a_broken_decision_keeps_the_rest_and_is_dead_lettere
     )
     [msg] = await dead.fetch(1, timeout=20)
     letter = DeadLetter.FromString(msg.data)
-    assert "decisions [1] of the batch lack decision_id, endpoint or arm_id" in letter.reason
+    assert "decisions [1] of the batch are invalid" in letter.reason
+    assert "decisions[1] 'bad': lacks decision_id, endpoint or arm_id" in letter.reason
     assert DecisionBatch.FromString(letter.payload) == batch  # the whole message, to replay once fixed

@@ -16,8 +16,9 @@ from flywheel.optimizer.service import DECISION_ID_CHARS, ENDPOINT_CHARS, EVENT_
 
 def feedback_item(e: FeedbackEvent) -> FeedbackItem:
     """The event as a feedback item, its fields checked (raises Invalid naming the field)."""
-    check_string(e.meta.event_id, "meta.event_id", max_len=EVENT_ID_CHARS, required=True, what="a unique event id")
-    check_string(e.decision_id, "decision_id", max_len=DECISION_ID_CHARS, required=True)
+    # Empty ids are refused by service._check, with the message the SDK's users know.
+    check_string(e.meta.event_id, "meta.event_id", max_len=EVENT_ID_CHARS)
+    check_string(e.decision_id, "decision_id", max_len=DECISION_ID_CHARS)
     check_string(e.endpoint, "endpoint", max_len=ENDPOINT_CHARS)
     check_timestamp(e.meta.time, "meta.time")
     check_numbers(e.signals, "signals")

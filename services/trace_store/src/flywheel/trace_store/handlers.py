@@ -56,16 +56,17 @@ class DecisionBatchHandler:
         self._sessions = sessions
 
     async def __call__(self, batch: DecisionBatch, delivery: Delivery) -> None:
-        rows, invalid = [], []
+        rows, invalid, reasons = [], [], []
         for i, event in enumerate(batch.decisions):
             try:
                 rows.append(decision_row(event))
             except InvalidArgument as exc:
-                invalid.append(f"decisions[{i}] {event.decision_id[:64]!r}: {exc}")
+                invalid.append(i)
+                reasons.append(f"decisions[{i}] {event.decision_id[:64]!r}: {exc}")
         async with self._sessions() as session:
             await service.record_decisions(session, rows)
         if invalid:
-            raise Reject(f"{len(invalid)} decisions of the batch are invalid; the others were stored: {invalid[:10]}")
+            raise Reject(f"decisions {invalid[:20]} of the batch are invalid (the others were stored): {reasons[:10]}")
 
 
 class FeedbackHandler:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -107,6 +108,8 @@ def _token(row: Any) -> str:
 def _untoken(token: str) -> tuple[datetime, str]:
     try:
         when, trace_id = base64.urlsafe_b64decode(token.encode()).decode().split("|")
+        if not re.fullmatch(r"[0-9a-f]{32}", trace_id):  # it goes into SQL as a trace id
+            raise ValueError(trace_id)
         return datetime.fromisoformat(when), trace_id
     except Exception:  # noqa: BLE001 - any garbage is the same mistake
         raise InvalidArgument("page_token is not one this server returned; start again without it") from None
