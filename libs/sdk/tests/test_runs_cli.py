@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +23,7 @@ from google.protobuf.struct_pb2 import Struct
 from flywheel.api.optimizer.v1 import run_service_pb2 as rs_pb
 from flywheel.api.optimizer.v1 import runs_pb2 as pb
 from flywheel.api.optimizer.v1.run_service_pb2_grpc import RunServiceServicer, add_RunServiceServicer_to_server
+from flywheel.api.ports import MODEL_SERVER_API_BASE, MODEL_SERVER_PORT
 from flywheel.optimizer.runconfig import load_run_config, parse_run_config
 from flywheel.sdk import cli
 from flywheel.sdk.runs import ARTIFACT_NAMES, RunFileError, RunsClient, load_run_file
@@ -191,8 +196,10 @@ class FakeRunService(RunServiceServicer):
         self.configs: list[dict[str, Any]] = []
         self.tokens: list[str] = []
         self.cancelled: list[str] = []
+        self.seen_ended: set[str] = set()
         self.final_state = pb.RUN_STATE_SUCCEEDED
         self.unavailable_watches = 0  # the first N WatchRun calls fail as if the optimizer restarted
+        self.evaluations_per_generation = 4  # fewer than 4 (of a budget of 4 each): racing dropped some
         self.watch_calls = 0
         self.files = {name: f"content of {name}".encode() for name in ARTIFACT_NAMES}
         self.target = ""
@@ -220,7 +227,10 @@ class FakeRunService(RunServiceServicer):
 
     async def GetRun(self, request, context):
         try:
-            return rs_pb.GetRunResponse(run=self._run(request.run_id, context))
+            run = self._run(request.run_id, context)
+            if run.state in (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELLED):
+                self.seen_ended.add(request.run_id)
+            return rs_pb.GetRunResponse(run=run)
         except LookupError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id!r} does not exist")
 
@@ -229,9 +239,14 @@ class FakeRunService(RunServiceServicer):
         return rs_pb.ListRunsResponse(runs=runs[: request.limit or None])
 
     async def CancelRun(self, request, context):
+        if request.run_id not in self.runs:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id!r} does not exist")
         run = self._run(request.run_id, context)
-        self.cancelled.append(request.run_id)
-        run.state = pb.RUN_STATE_CANCELLED
+        # As the optimizer: an ended run stays as it was. (WatchRun runs ahead of its reader, so
+        # "ended" here is what a reader saw: a terminal state returned by GetRun.)
+        if request.run_id not in self.seen_ended and run.state != pb.RUN_STATE_CANCELLED:
+            self.cancelled.append(request.run_id)
+            run.state = pb.RUN_STATE_CANCELLED
         return rs_pb.CancelRunResponse(run=run)
 
     async def WatchRun(self, request, context):
@@ -256,7 +271,7 @@ class FakeRunService(RunServiceServicer):
                     state=state,
                     generation=generation,
                     generations_total=3,
-                    evaluations_done=4 * generation,
+                    evaluations_done=self.evaluations_per_generation * generation,
                     evaluations_total=12,
                     best_score=run.best_score,
                     best_config=run.best_config,
@@ -372,7 +387,21 @@ def test_optimize_reconnects_while_the_optimizer_restarts(fake, tmp_path, capsys
 def test_optimize_gives_up_when_the_optimizer_stays_away(fake, tmp_path, capsys):
     fake.unavailable_watches = 100
     assert cli.main(["optimize", str(_write_config(tmp_path))]) == 1
-    assert capsys.readouterr().err.splitlines()[-1].startswith("error: UNAVAILABLE:")
+    error, hint = capsys.readouterr().err.splitlines()[-2:]
+    assert error.startswith("error: UNAVAILABLE:")
+    assert hint.startswith(f"hint: {fake.target} came from $FLYWHEEL_OPTIMIZER_ADDRESS")
+
+
+def test_an_unreachable_optimizer_says_how_to_point_the_cli_at_the_stack(capsys):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: connection refused
+        target = f"127.0.0.1:{sock.getsockname()[1]}"
+        assert cli.main(["runs", "list", "--target", target, "--timeout", "5"]) == 1
+    error, hint = capsys.readouterr().err.splitlines()
+    assert error.startswith(f"error: UNAVAILABLE: optimizer at {target}:")
+    assert hint.startswith(f"hint: {target} came from --target.")
+    assert 'eval "$(flywheel-stack env)"' in hint and "--target HOST:PORT" in hint
+    assert "Traceback" not in error
 
 
 def test_optimize_no_wait_returns_the_run_id(fake, tmp_path, capsys):
@@ -450,3 +479,105 @@ def test_runs_download_says_which_files_are_missing(fake, tmp_path, capsys):
 def test_runs_show_of_an_unknown_run_is_one_error_line(fake, capsys):
     assert cli.main(["runs", "show", "nope"]) == 1
     assert capsys.readouterr().err == "error: NOT_FOUND: run 'nope' does not exist\n"
+
+
+def test_runs_cancel_stops_a_running_run_and_refuses_an_ended_one(fake, tmp_path, capsys):
+    assert cli.main(["optimize", str(_write_config(tmp_path)), "--no-wait"]) == 0
+    fake.runs["run-1"].state = pb.RUN_STATE_RUNNING
+    fake.runs["run-1"].generation = 2
+    capsys.readouterr()
+    assert cli.main(["runs", "cancel", "run-1"]) == 0
+    assert capsys.readouterr().out == "run run-1 cancelled after 2/3 generations\n"
+    assert fake.cancelled == ["run-1"] and fake.runs["run-1"].state == pb.RUN_STATE_CANCELLED
+    assert cli.main(["runs", "cancel", "run-1"]) == 0  # a retried cancel: already done, fine
+    assert capsys.readouterr().out == "run run-1 cancelled after 2/3 generations\n"
+    assert cli.main(["optimize", str(_write_config(tmp_path))]) == 0  # run-2 succeeds
+    capsys.readouterr()
+    assert cli.main(["runs", "cancel", "run-2"]) == 1  # ended: nothing to stop
+    assert capsys.readouterr().err == "error: run run-2 is succeeded: only a running run can be cancelled\n"
+    assert fake.cancelled == ["run-1"]
+    assert cli.main(["runs", "cancel", "nope"]) == 1
+    assert capsys.readouterr().err == "error: NOT_FOUND: run 'nope' does not exist\n"
+
+
+def test_the_progress_bar_ends_at_100_percent_when_racing_needed_fewer_evaluations(fake, tmp_path, capsys):
+    fake.evaluations_per_generation = 3  # 9 of the 12 budgeted: racing dropped 3
+    assert cli.main(["optimize", str(_write_config(tmp_path))]) == 0
+    out, err = capsys.readouterr()
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "100%" in final and "9/9" in final, final
+    assert "done: 9 evaluations (3 of the 12 budgeted were not needed" in out
+
+
+def test_a_closed_stdout_ends_quietly_with_exit_code_141(fake, tmp_path):
+    path = _write_config(tmp_path)
+    for _ in range(3):
+        assert cli.main(["optimize", str(path), "--no-wait"]) == 0
+    # `flywheel runs list | head -0`: the reader is gone before the CLI writes its first line
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel.sdk.cli", "runs", "list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ.copy(),
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == cli.BROKEN_PIPE_EXIT
+    assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+
+
+def test_init_defaults_to_the_local_model_server_and_asks_for_max_tokens(tmp_path, capsys):
+    from flywheel.optimizer.runs.requests import RequestTemplate
+
+    assert f":{MODEL_SERVER_PORT}/" in MODEL_SERVER_API_BASE  # one port: the model server's default
+    out = tmp_path / "optimization.yaml"
+    argv = ["init", "--non-interactive", "-o", str(out), "--example-cases", "--max-tokens", "64,256"]
+    assert cli.main(argv) == 0
+    config = load_run_config(out)
+    assert config.api.api_base == MODEL_SERVER_API_BASE and config.api.auth.type == "none"
+    tokens = config.search_space.parameters["max_tokens"]
+    assert tokens.type == "discrete" and tokens.values == [64, 256]
+    # What the evaluator gets: the local server's URL and no key variable, for which it sends a
+    # placeholder key (services/evaluator targets.call_llm) instead of failing for lack of one.
+    sent = parse_run_config(load_run_file(out))  # as `flywheel optimize` sends it: cases inline
+    target = RequestTemplate.of("run-x", sent).target.llm
+    assert target.api_base == MODEL_SERVER_API_BASE and target.api_key_env == ""
+
+    # The provider's own API needs a key: init asks for the variable, and writes it as bearer auth.
+    base = ["init", "--non-interactive", "-o", str(out), "--force", "--api-base", "", "--model", "openai/gpt-4o-mini"]
+    capsys.readouterr()
+    assert cli.main(base) == 1
+    assert "needs a key" in capsys.readouterr().err
+    assert cli.main([*base, "--key-env", "FLYWHEEL_TARGET_OPENAI_API_KEY", "--max-tokens", "128"]) == 0
+    config = load_run_config(out)
+    assert config.api.auth.type == "bearer" and config.api.auth.token_env == "FLYWHEEL_TARGET_OPENAI_API_KEY"
+    assert config.search_space.parameters["max_tokens"].values == [128]
+    with pytest.raises(SystemExit) as refused:  # argparse refuses it before anything is written
+        cli.main([*base, "--key-env", "FLYWHEEL_TARGET_KEY", "--max-tokens", "0"])
+    assert refused.value.code == 2 and "whole numbers >= 1" in capsys.readouterr().err
+
+
+def test_init_interactive_llm_asks_for_the_key_variable_and_max_tokens(tmp_path, monkeypatch, capsys):
+    answers = iter(
+        [
+            "chat",  # API name
+            "",  # kind: llm
+            "openai/gpt-4o-mini",
+            "",  # api_base: the local model server's
+            "",  # key variable: none for the local server
+            "",  # temperature
+            "64,x",  # not numbers: asked again
+            "64,128",
+            "",  # no prompts: the defaults
+            "",  # test cases
+            "",  # metrics
+            "y",  # write the example test cases
+        ]
+    )
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init"]) == 0
+    config = load_run_config(tmp_path / "optimization.yaml")
+    assert config.api.api_base == MODEL_SERVER_API_BASE and config.api.auth.type == "none"
+    assert config.search_space.parameters["max_tokens"].values == [64, 128]
+    assert "'64,x' is not a whole number" in capsys.readouterr().out

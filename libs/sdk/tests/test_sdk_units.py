@@ -165,10 +165,11 @@ def test_cli_ope_needs_exactly_one_candidate(capsys):
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-def test_cli_unreachable_optimizer_is_one_error_line(capsys):
+def test_cli_unreachable_optimizer_is_one_error_line_and_a_hint(capsys):
     assert cli.main(["endpoint", "list", "--target", "127.0.0.1:1", "--timeout", "3"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: UNAVAILABLE: optimizer at 127.0.0.1:1: ") and err.count("\n") == 1
+    error, hint = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: UNAVAILABLE: optimizer at 127.0.0.1:1: ")
+    assert hint.startswith("hint: 127.0.0.1:1 came from --target.") and "flywheel-stack env" in hint
 
 
 def test_cli_invalid_file_lists_problems(tmp_path, capsys):

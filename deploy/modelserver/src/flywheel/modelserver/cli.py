@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from flywheel.api.ports import MODEL_SERVER_PORT
 from flywheel.api.tls import is_loopback
 from flywheel.modelserver.adapters import AdapterSpec, local_folder
 from flywheel.modelserver.app import build_app
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("FLYWHEEL_MODELSERVER_ALLOW_INSECURE", "").lower() in ("1", "true", "yes"),
         help="listen on a non-loopback --host with no API key and no TLS (a warning is logged)",
     )
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=MODEL_SERVER_PORT, help=f"default {MODEL_SERVER_PORT}")
     p.add_argument(
         "--model",
         default=os.environ.get("FLYWHEEL_MODELSERVER_MODEL", "auto"),

@@ -6,7 +6,7 @@
     flywheel ope support-bot --arm large [--since 2025-01-01T00:00:00Z] [--json]
     flywheel init [--output optimization.yaml]         # ask questions, write a run config
     flywheel optimize optimization.yaml [--no-wait]    # run it: progress, best config, results
-    flywheel runs list [--json] | show RUN_ID [--json] | download RUN_ID [--output DIR]
+    flywheel runs list [--json] | show RUN_ID [--json] | download RUN_ID [--output DIR] | cancel RUN_ID
 
 The endpoint file's schema is documented in ``flywheel.sdk.endpoint_file`` (and
 ``libs/sdk/examples/endpoint.yaml``). The optimizer is ``--target`` or
@@ -15,7 +15,10 @@ The endpoint file's schema is documented in ``flywheel.sdk.endpoint_file`` (and
 it stays out of process listings). TLS is on with any of ``--tls-ca``, ``--tls-cert`` and
 ``--tls-key`` (mTLS) or ``--tls-server-name``, or their ``$FLYWHEEL_TLS_CA_FILE``,
 ``$FLYWHEEL_TLS_CERT_FILE``, ``$FLYWHEEL_TLS_KEY_FILE``, ``$FLYWHEEL_TLS_SERVER_NAME``.
-Errors are one line on stderr and exit code 1.
+Errors are one line on stderr and exit code 1; an optimizer that cannot be reached adds a
+``hint:`` line saying how to point the CLI at the stack (``eval "$(flywheel-stack env)"``).
+A closed stdout (``flywheel runs list | head``) ends the command quietly with exit code 141,
+as a program killed by SIGPIPE would (what ``set -o pipefail`` scripts expect).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from flywheel.sdk.run_init import (
     METRICS,
     InitAnswers,
     ask_answers,
+    parse_max_tokens,
     parse_range,
     render_config,
     write_example_cases,
@@ -418,6 +422,8 @@ def cmd_init(args: argparse.Namespace) -> int:
                 kind=args.kind,
                 model=args.model,
                 api_base=args.api_base,
+                key_env=args.key_env,
+                max_tokens=args.max_tokens,
                 endpoint=args.endpoint or "",
                 callable=args.callable or "",
                 temperature=args.temperature,
@@ -448,6 +454,36 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _failed_count(message: Any) -> int | None:
+    """``evaluations_failed`` of a Run or RunProgress, where the optimizer's API carries it."""
+    if "evaluations_failed" in message.DESCRIPTOR.fields_by_name:
+        return int(message.evaluations_failed)
+    return None
+
+
+def _finish_bar(bar: Any, run: runs_pb.Run, last: runs_pb.RunProgress | None, log: Any) -> None:
+    """Close the bar as the run ended: at 100% on success, with the evaluations that failed."""
+    done = last.evaluations_done if last is not None else int(bar.n)
+    failed = _failed_count(run) or (_failed_count(last) if last is not None else None) or 0
+    if run.state == runs_pb.RUN_STATE_SUCCEEDED:
+        budget = int(bar.total or 0)
+        # The total is the run's budget; racing drops losing candidates after a few cases and
+        # patience may stop the search early, so a finished run usually needs fewer.
+        bar.total = bar.n = done
+        if budget > done:
+            bar.write(
+                f"done: {done} evaluations ({budget - done} of the {budget} budgeted were not needed: racing "
+                "dropped clearly worse candidates early, or the search converged)",
+                file=log,
+            )
+    else:
+        bar.n = done
+    if failed:
+        bar.set_postfix_str(f"{failed} failed", refresh=False)
+        bar.write(f"{failed} of {done} evaluations failed; see: flywheel runs show {run.run_id}", file=log)
+    bar.refresh()
+
+
 def _follow(runs: RunsClient, run_id: str, *, log: Any) -> runs_pb.Run:
     """Show WatchRun progress until the run ends; reconnect while the optimizer is unavailable."""
     from tqdm import tqdm  # lazily: only this command draws bars
@@ -455,26 +491,32 @@ def _follow(runs: RunsClient, run_id: str, *, log: Any) -> runs_pb.Run:
     bar = tqdm(total=None, unit="eval", desc=f"run {run_id}", file=sys.stderr, dynamic_ncols=True)
     last_generation = 0
     failures = 0
+    last: runs_pb.RunProgress | None = None
     try:
         while True:
             try:
                 for p in runs.watch(run_id):
                     failures = 0
+                    last = p
                     if p.evaluations_total and bar.total != p.evaluations_total:
                         bar.total = p.evaluations_total
                     bar.n = p.evaluations_done
+                    failed = _failed_count(p)
+                    if failed:
+                        bar.set_postfix_str(f"{failed} failed", refresh=False)
                     bar.refresh()
                     if p.generation > last_generation:
                         last_generation = p.generation
                         bar.write(
                             f"generation {p.generation}/{p.generations_total}: best score {p.best_score:.4f} "
-                            f"({p.evaluations_done} evaluations)",
+                            f"({p.evaluations_done} evaluations" + (f", {failed} failed)" if failed else ")"),
                             file=log,
                         )
                     if p.state in TERMINAL_STATES:
                         break
                 run = runs.get(run_id)
                 if run.state in TERMINAL_STATES:
+                    _finish_bar(bar, run, last, log)
                     return run
                 failures += 1  # the stream ended while the run goes on: the server closed it
             except grpc.RpcError as exc:
@@ -598,6 +640,15 @@ def cmd_runs_download(args: argparse.Namespace) -> int:
     if missing:
         why = "" if run.state in TERMINAL_STATES else "; results are written when the run ends"
         raise CliError(f"run {run.run_id} ({_state(run.state)}) has no {', '.join(missing)}{why}")
+    return 0
+
+
+def cmd_runs_cancel(args: argparse.Namespace) -> int:
+    with _runs(args) as runs:
+        run = runs.cancel(args.run_id)
+    if run.state != runs_pb.RUN_STATE_CANCELLED:
+        raise CliError(f"run {run.run_id} is {_state(run.state)}: only a running run can be cancelled")
+    print(f"run {run.run_id} cancelled after {run.generation}/{run.generations_total} generations")
     return 0
 
 
@@ -728,7 +779,24 @@ def _run_parsers(commands: Any) -> None:
     answers.add_argument("--name", default=defaults.name, help=f"API name (default {defaults.name})")
     answers.add_argument("--kind", choices=KINDS, default=defaults.kind, help="target kind (default llm)")
     answers.add_argument("--model", default=defaults.model, help=f"LiteLLM model (default {defaults.model})")
-    answers.add_argument("--api-base", default=defaults.api_base, help=f"API base URL (default {defaults.api_base})")
+    answers.add_argument(
+        "--api-base",
+        default=defaults.api_base,
+        help=f"API base URL; empty for the provider's own API (default {defaults.api_base}, the local model server)",
+    )
+    answers.add_argument(
+        "--key-env",
+        default=defaults.key_env,
+        metavar="NAME",
+        help="the evaluator's environment variable holding the API key (needed without --api-base)",
+    )
+    answers.add_argument(
+        "--max-tokens",
+        type=_max_tokens,
+        default=defaults.max_tokens,
+        metavar="N[,N...]",
+        help=f"max_tokens of an llm target; several values are searched (default {defaults.max_tokens[0]})",
+    )
     answers.add_argument("--endpoint", help="URL of an http target")
     answers.add_argument("--callable", help="package.module:function of a python target")
     answers.add_argument(
@@ -758,7 +826,7 @@ def _run_parsers(commands: Any) -> None:
     _connection_options(optimize)
     optimize.set_defaults(func=cmd_optimize)
 
-    runs = commands.add_parser("runs", help="list, inspect and download optimization runs")
+    runs = commands.add_parser("runs", help="list, inspect, download and cancel optimization runs")
     run_commands = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     lst = run_commands.add_parser("list", help="list runs, newest first")
     lst.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
@@ -776,6 +844,15 @@ def _run_parsers(commands: Any) -> None:
     download.add_argument("--output", "-o", metavar="DIR", help="folder to write to (default ./RUN_ID)")
     _connection_options(download)
     download.set_defaults(func=cmd_runs_download)
+    cancel = run_commands.add_parser(
+        "cancel",
+        help="stop a running run",
+        description="Stop a running run on the optimizer (evaluations already queued are answered and "
+        "ignored). Exit code 1 if the run is not running (pending, or already ended).",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    _connection_options(cancel)
+    cancel.set_defaults(func=cmd_runs_cancel)
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -785,14 +862,55 @@ def _range(text: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _max_tokens(text: str) -> list[int]:
+    try:
+        return parse_max_tokens(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+# Exit code of a command whose reader went away: what a shell reports for death by SIGPIPE.
+BROKEN_PIPE_EXIT = 141
+
+
+def _connection_hint(args: argparse.Namespace) -> str:
+    """How to point the CLI at a stack, and where the address it tried came from."""
+    if getattr(args, "target", None):
+        source = "--target"
+    elif os.environ.get("FLYWHEEL_OPTIMIZER_ADDRESS"):
+        source = "$FLYWHEEL_OPTIMIZER_ADDRESS"
+    else:
+        source = "the default"
+    return (
+        f"hint: {getattr(args, 'resolved_target', DEFAULT_TARGET)} came from {source}. Is the stack up "
+        '(flywheel-stack up)? Point this shell at it with: eval "$(flywheel-stack env)", or pass '
+        "--target HOST:PORT (and --auth-token-file, --tls-ca for a remote optimizer)"
+    )
+
+
+def _stdout_gone() -> int:
+    """stdout's reader closed the pipe: send what is left to /dev/null (so the interpreter's final
+    flush cannot raise again) and exit like a program killed by SIGPIPE, without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
+        pass
+    return BROKEN_PIPE_EXIT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _stdout_gone()
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
         raw = (exc.details() or "").strip()  # type: ignore[attr-defined]
@@ -807,6 +925,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             details = f"optimizer at {getattr(args, 'resolved_target', '?')}: {details}"
         print(f"error: {code.name}: {details}", file=sys.stderr)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            print(_connection_hint(args), file=sys.stderr)
+        elif code == grpc.StatusCode.UNAUTHENTICATED:
+            print("hint: set $FLYWHEEL_AUTH_TOKEN or pass --auth-token-file FILE", file=sys.stderr)
     except EndpointFileError as exc:
         lines = str(exc).splitlines()
         print(f"error: {lines[0]}", file=sys.stderr)

@@ -8,9 +8,12 @@ is valid YAML, so prompts and URLs need no hand quoting.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from flywheel.api.ports import MODEL_SERVER_API_BASE
 
 KINDS = ("llm", "http", "python")
 # metric type -> the name it gets in the config, and whether it is quality (vs latency/cost)
@@ -22,6 +25,10 @@ METRICS = {
     "cost": ("cost_usd", False),
 }
 HTTP_BODY = {"input": "{{input}}", "system_prompt": "{{system_prompt}}", "temperature": "{{temperature}}"}
+DEFAULT_MAX_TOKENS = (256,)
+# What the evaluator may read a key from (run policy's default credential prefix).
+KEY_ENV_EXAMPLE = "FLYWHEEL_TARGET_OPENAI_API_KEY"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_PROMPTS = ("You are a helpful assistant.", "Answer in as few words as possible.")
 EXAMPLE_CASES = {
     "test_cases": [
@@ -39,10 +46,12 @@ class InitAnswers:
     name: str = "my-api"
     kind: str = "llm"
     model: str = "openai/smollm2-135m-instruct"
-    api_base: str = "http://127.0.0.1:8089/v1"
+    api_base: str = MODEL_SERVER_API_BASE  # `python -m flywheel.modelserver`'s default port
+    key_env: str = ""  # the evaluator's variable holding the API key; empty: no key
     endpoint: str = ""
     callable: str = ""
     temperature: tuple[float, float] = (0.0, 1.0)
+    max_tokens: list[int] = field(default_factory=lambda: list(DEFAULT_MAX_TOKENS))
     system_prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
     test_cases: str = "test_cases.json"
     metrics: list[str] = field(default_factory=lambda: ["exact_match", "latency"])
@@ -57,6 +66,20 @@ class InitAnswers:
             raise ValueError(f"target kind {self.kind!r}: use one of {', '.join(KINDS)}")
         if self.kind == "llm" and not self.model:
             raise ValueError("an llm target needs a model (a LiteLLM name, e.g. openai/gpt-4o-mini)")
+        if self.key_env and not _ENV_NAME.fullmatch(self.key_env):
+            raise ValueError(f"{self.key_env!r} is not an environment variable name (e.g. {KEY_ENV_EXAMPLE})")
+        if self.kind == "llm" and not self.api_base and not self.key_env:
+            # a provider's own API refuses a call without a key; the local server takes none
+            raise ValueError(
+                "without an API base URL the provider's API needs a key: name the evaluator's environment "
+                f"variable that holds it (e.g. {KEY_ENV_EXAMPLE})"
+            )
+        if self.kind == "llm" and (
+            not self.max_tokens
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.max_tokens)
+            or len(set(self.max_tokens)) != len(self.max_tokens)
+        ):
+            raise ValueError(f"max_tokens {self.max_tokens}: give one or more distinct whole numbers >= 1")
         if self.kind == "http" and not self.endpoint:
             raise ValueError("an http target needs an endpoint URL")
         if self.kind == "python" and ":" not in self.callable:
@@ -85,6 +108,17 @@ def parse_range(text: str) -> tuple[float, float]:
     except ValueError:
         raise ValueError(f"{text!r} is not a range MIN,MAX (e.g. 0.0,1.0)") from None
     return low, high
+
+
+def parse_max_tokens(text: str) -> list[int]:
+    """``"256"`` -> [256]; ``"64,256"`` -> [64, 256] (several values are searched)."""
+    try:
+        values = [int(p) for p in text.replace(" ", "").split(",") if p]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number or a list like 64,256") from None
+    if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"{text!r}: give one or more distinct whole numbers >= 1")
+    return values
 
 
 def metric_weights(metrics: list[str]) -> dict[str, tuple[str, float]]:
@@ -131,9 +165,18 @@ def render_config(a: InitAnswers) -> str:
         ]
     else:
         lines.append(f"  callable: {_j(a.callable)}   # called with each test case and the parameters")
+    if a.key_env:
+        lines += [
+            "  auth:   # the key is read on the evaluator from this variable (never written here)",
+            "    type: bearer",
+            f"    token_env: {_j(a.key_env)}",
+        ]
+    else:
+        lines += [
+            "  auth:   # none: the local model server takes no key (the evaluator sends a placeholder)",
+            "    type: none   # bearer / api_key / basic: set token_env to the NAME of an env variable",
+        ]
     lines += [
-        "  auth:",
-        "    type: none   # bearer / api_key / basic: set token_env to the NAME of an env variable",
         "",
         "search_space:",
         "  parameters:",
@@ -141,6 +184,11 @@ def render_config(a: InitAnswers) -> str:
         "      choices:",
         *[f"        - {_j(p)}" for p in a.system_prompts],
         f"    temperature: {{type: float, min: {a.temperature[0]}, max: {a.temperature[1]}, step: 0.1}}",
+    ]
+    if a.kind == "llm":
+        note = "searched" if len(a.max_tokens) > 1 else "fixed; list more values to search them"
+        lines.append(f"    max_tokens: {{type: discrete, values: {_j(a.max_tokens)}}}   # {note}")
+    lines += [
         "    # more: {type: discrete, values: [...]}, {type: continuous, min, max, step, log: true},",
         "    # or a list of choices",
         "",
@@ -203,6 +251,17 @@ def ask_answers(ask: Callable[[str], str] | None = None, echo: Callable[[str], N
     if a.kind == "llm":
         a.model = q("Model (LiteLLM name)", d.model)
         a.api_base = q("API base URL (empty for the provider's default)", d.api_base)
+        a.key_env = str(
+            until_valid(
+                lambda: _key_env(
+                    q(
+                        "Environment variable with the API key, on the evaluator (empty: no key)",
+                        "" if a.api_base else KEY_ENV_EXAMPLE,
+                    ),
+                    needed=not a.api_base,
+                )
+            )
+        )
     elif a.kind == "http":
         a.endpoint = str(until_valid(lambda: _required(q("Endpoint URL", ""), "an endpoint URL")))
         a.api_base = ""
@@ -210,6 +269,11 @@ def ask_answers(ask: Callable[[str], str] | None = None, echo: Callable[[str], N
         a.callable = str(until_valid(lambda: _callable(q("Callable (package.module:function)", ""))))
         a.api_base = ""
     a.temperature = until_valid(lambda: _temperature(q("Temperature range MIN,MAX", "0.0,1.0")))  # type: ignore[assignment]
+    if a.kind == "llm":
+        default_tokens = ",".join(str(n) for n in d.max_tokens)
+        a.max_tokens = until_valid(  # type: ignore[assignment]
+            lambda: parse_max_tokens(q("max_tokens (one value, or several to search, e.g. 64,256)", default_tokens))
+        )
     echo("System prompts to try, one per line; an empty line ends (none: use the defaults).")
     prompts: list[str] = []
     while line := ask(f"  prompt {len(prompts) + 1}: ").strip():
@@ -230,6 +294,14 @@ def _kind(text: str) -> str:
 def _required(text: str, what: str) -> str:
     if not text:
         raise ValueError(f"give {what}")
+    return text
+
+
+def _key_env(text: str, *, needed: bool) -> str:
+    if not text and needed:
+        raise ValueError(f"the provider's API needs a key: give the variable's name (e.g. {KEY_ENV_EXAMPLE})")
+    if text and not _ENV_NAME.fullmatch(text):
+        raise ValueError(f"{text!r} is not an environment variable name")
     return text
 
 
