@@ -86,6 +86,18 @@ async def build(settings: RewardJudgeSettings, parts: ServiceParts) -> None:
                 log.warning("embedding model warm-up failed", error=repr(exc))
 
         parts.background.append(warm_embedder)
+    if reward_model is not None:
+        rm = reward_model
+
+        async def warm_reward_model() -> None:
+            # The checkpoint (from S3 maybe) loads now, not inside a request's deadline.
+            try:
+                await models.run(rm.warm, deadline_s=3600, what="reward model", setting="(startup warm-up)")
+                log.info("reward model loaded", source=rm.source)
+            except Exception as exc:  # noqa: BLE001 - a request will try again and say why
+                log.warning("reward model warm-up failed", error=repr(exc))
+
+        parts.background.append(warm_reward_model)
     parts.servicers.append(
         (
             pb_grpc.add_RewardJudgeServiceServicer_to_server,

@@ -88,6 +88,10 @@ class RewardModelJudge:
             self._tokenizer, self._model = tokenizer, model
             log.info("reward model loaded", source=self.source)
 
+    def warm(self) -> None:
+        """Load (and download) the checkpoint now. Blocking: call in a thread."""
+        self._load()
+
     def score_sync(self, pairs: list[tuple[str, str]]) -> list[float]:
         """Scores in [0, 1], one per (prompt, response), in batches. Blocking."""
         import torch
