@@ -186,3 +186,20 @@ async def test_past_its_high_water_mark_the_log_refuses_and_keeps_nothing_more()
     assert await log.flush() == 25
     log.record(decision())
     assert log.pending == 1
+
+
+async def test_a_decision_too_large_for_the_bus_is_dead_lettered_and_the_others_published():
+    engine, publisher = FakeEngine(), LetterPublisher()
+    log = DecisionLog(engine, publisher, Catalogue("t"))  # type: ignore[arg-type]
+    good = [decision() for _ in range(5)]
+    huge = Decision(
+        decision_id=new_decision_id(), endpoint="e", arm_id="a", params={}, probability=1.0, context={"x": "y" * 2**20}
+    )
+    for d in [*good[:2], huge, *good[2:]]:
+        log.record(d)
+    assert await log.flush() == 6
+    published = set(publisher.messages)
+    assert len(published) >= 2 and not any(huge.decision_id in m for m in published)
+    [(_, letter, _)] = publisher.letters
+    assert huge.decision_id in letter.reason and "more than the bus takes" in letter.reason
+    assert letter.payload == b""  # too large to carry; the reason names the decision
