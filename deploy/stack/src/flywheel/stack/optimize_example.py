@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             print(done.stdout.decode(), file=sys.stderr)
             return done.returncode
         run = json.loads(done.stdout)
-        print(json.dumps({"run_id": run["run_id"], "best_config": run.get("best_config")}, indent=2))
+        # The bar (stderr) ended at 100% with any failures; the summary repeats what went wrong.
+        summary = {"run_id": run["run_id"], "best_config": run.get("best_config")}
+        summary.update({k: run[k] for k in ("evaluations_failed", "error") if run.get(k)})
+        print(json.dumps(summary, indent=2))
         args.output.mkdir(parents=True, exist_ok=True)
         fetched = subprocess.run([*cli, "runs", "download", run["run_id"], "--output", str(args.output)], env=env)
         print(f"finished in {time.monotonic() - started:.0f}s; result files in {args.output}/")
