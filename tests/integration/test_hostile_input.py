@@ -8,6 +8,11 @@ field and shows no internals (stack, SQL, exception names); each bus case must b
 dead-lettered with a reason by every consumer of its subject. After every case a valid
 request right behind it must succeed, and every service must still be SERVING.
 
+A bad event must be rejected as bad (a dead letter that says "failed N times" means the
+consumer retried it as if it were a transient failure). Subjects with no consumer today (run
+progress, training jobs, trainer events, society datasets, exported datasets) have nothing to
+refuse and are not here; the trainer's gRPC methods only have to answer UNIMPLEMENTED cleanly.
+
 The services start once for the module; cases share them and use fresh names.
 """
 
@@ -1593,7 +1598,7 @@ ONLY_OPTIMIZER = {
 BUS_CASES = list(bus_cases())
 
 
-async def _letter_for(c: Ctx, payload: bytes, consumer: str, timeout_s: float = 10.0) -> DeadLetter | None:
+async def _letter_for(c: Ctx, payload: bytes, consumer: str, timeout_s: float = 6.0) -> DeadLetter | None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for letter in c.letters:
