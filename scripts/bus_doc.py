@@ -116,7 +116,7 @@ def permissions_section(catalogue: Catalogue) -> str:
             if not any(matches(p, subject) for s in catalogue.streams.values() for p in s.subjects):
                 raise ValueError(f"role {role} produces {subject}, which no stream stores")
             produced.append(code(subject.replace(_KEY, MESSAGE_TYPES[method][0])))
-        produced += [code(catalogue.dead_letter(d)) for d in spec.consumes]
+        produced += [code(catalogue.dead_letter(d)) for d in (*spec.consumes, *spec.dead_letters)]
         api = []
         if spec.declares_topology:
             api.append("stream INFO, CREATE, UPDATE on every stream; creates the interest-stream consumers")

@@ -280,6 +280,9 @@ class RoleSpec:
     description: str
     produces: tuple[str, ...] = ()
     consumes: tuple[str, ...] = ()
+    # Dead-letter sinks it writes besides its consumers' (the optimizer's decision log puts a
+    # decision there that can never be written or published).
+    dead_letters: tuple[str, ...] = ()
     # Services declare every stream at startup (infra.connect_bus), so they need the stream
     # management API; a product does not.
     declares_topology: bool = False
@@ -298,6 +301,7 @@ ROLES: dict[str, RoleSpec] = {
             "optimizer",
             "Serves Select/Update, applies feedback, drives batch runs.",
             produces=("decision", "evaluation_request", "run_progress"),
+            dead_letters=("optimizer-decision-log",),
             consumes=("optimizer-feedback", "optimizer-evaluation-results", "optimizer-proposals"),
             declares_topology=True,
         ),
@@ -398,4 +402,5 @@ def role_permissions(role: str, namespace: str | None = "flywheel") -> Permissio
             f"$JS.ACK.{stream(c.stream)}.{durable}.>",
             subj(cat.dead_letter(durable)),
         ]
+    publish += [subj(cat.dead_letter(name)) for name in spec.dead_letters]
     return Permissions(tuple(dict.fromkeys(publish)), (f"{spec.inbox}.>",))
