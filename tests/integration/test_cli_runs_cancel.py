@@ -53,5 +53,6 @@ async def test_runs_cancel_and_a_closed_pipe_on_a_real_optimizer(optimizer):  # 
     # `flywheel runs list | head -0`: the reader is gone before the list is written.
     proc = flywheel(optimizer.address, "runs", "list")
     proc.stdout.close()
-    err = proc.stderr.read()
+    with proc.stderr:
+        err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and err == ""

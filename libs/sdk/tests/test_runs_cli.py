@@ -521,7 +521,8 @@ def test_a_closed_stdout_ends_quietly_with_exit_code_141(fake, tmp_path):
         env=os.environ.copy(),
     )
     proc.stdout.close()
-    err = proc.stderr.read().decode()
+    with proc.stderr:
+        err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == cli.BROKEN_PIPE_EXIT
     assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
 
