@@ -65,6 +65,8 @@ Errors and fallbacks, as The Convergence returned them:
   params), with ``decision_id=None``, ``probability=1.0`` and ``metadata["fallback"] =
   True`` plus ``metadata["error"]``, as The Convergence's ``_fallback_selection`` did.
   A refused call (bad token, bad request) still raises; ``fallback=False`` raises always.
+  ``configure_runtime`` itself raises when the optimizer cannot be reached, after noting
+  the config's first arm, so an application that catches that serves the arm meanwhile.
 - ``runtime_update`` returns ``{"success": False, "error": ..., "code": ..., "reward": ...,
   "engagement_score": ..., "grading_score": ...}`` for feedback the optimizer refuses
   (an unknown decision, one older than the feedback window, a bad value: gRPC
