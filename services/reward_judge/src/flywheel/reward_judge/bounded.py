@@ -5,14 +5,18 @@ A thread cannot be cancelled, so a call past its deadline keeps its slot until i
 really finishes: the number of model threads stays at ``in_flight`` however many requests
 time out, and later requests wait for a slot within their own deadline instead of piling
 up work behind a stuck one.
+
+Each call gets a daemon thread of its own rather than a ThreadPoolExecutor worker: the
+interpreter joins executor threads at exit, so a model still loading (MiniLM takes 20 s on
+a busy machine) would keep a SIGTERM'd judge alive past its grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from flywheel.reward_judge.errors import JudgeTimedOut
@@ -25,7 +29,6 @@ class ModelCalls:
 
     def __init__(self, in_flight: int = 2) -> None:
         self._slots = asyncio.BoundedSemaphore(in_flight)
-        self._pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="judge-model")
 
     async def run(self, fn: Callable[[], T], *, deadline_s: float, what: str, setting: str) -> T:
         """``fn()`` in a model thread, or JudgeTimedOut naming ``setting`` after ``deadline_s``."""
@@ -42,7 +45,7 @@ class ModelCalls:
         except TimeoutError:
             raise timed_out() from None
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool, fn)
+            future = _in_daemon_thread(fn, asyncio.get_running_loop())
         except BaseException:
             self._slots.release()
             raise
@@ -56,4 +59,27 @@ class ModelCalls:
             raise timed_out() from None
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to join: model threads are daemons and end with the process."""
+
+
+def _in_daemon_thread(fn: Callable[[], T], loop: asyncio.AbstractEventLoop) -> asyncio.Future[T]:
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T | None, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+            return
+        loop.call_soon_threadsafe(settle, value, None)
+
+    threading.Thread(target=work, name="judge-model", daemon=True).start()
+    return future
