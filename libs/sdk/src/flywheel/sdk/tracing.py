@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -362,7 +363,10 @@ class Tracer:
                     self._lock.notify_all()
                 break
         if nc is not None and not nc.is_closed:
-            await nc.close()
+            # The server may be gone already: closing then fails on a dead socket, which is no
+            # reason to raise in the customer's thread.
+            with contextlib.suppress(Exception):
+                await nc.close()
 
     async def _connect_within(self, nats: Any, remaining: float) -> Any:
         """A NATS client, or ConnectionError (with the server's last answer) past the time left."""
