@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from flywheel.optimizer.runs.report import Candidate, Evaluation, RunResults, render, summarize
+from flywheel.optimizer.runs.report import Candidate, Evaluation, RunResults, outcome, render, summarize
 
 
 def results() -> RunResults:
@@ -47,7 +47,10 @@ def test_render_writes_four_files_with_the_best_config_and_plots():
     md = files["report.md"].decode()
     assert "**0.9000**" in md and "| 1 | `c2` |" in md
     page = files["report.html"].decode()
-    assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{200,}"', page)) == 4
+    # best so far, distribution, one panel per parameter (2), the Pareto front
+    assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{200,}"', page)) == 5
+    assert "Effect of model" in page and "Effect of temperature" in page
+    assert "Racing: each candidate is scored on a few test cases first" in page
 
 
 def test_render_of_a_run_with_no_evaluations_still_writes_every_file():
@@ -71,3 +74,56 @@ def test_a_candidate_raced_out_early_does_not_outrank_a_fully_scored_one():
     # The run's own pick (the search's posterior) is what best_config.json reports.
     picked = RunResults(**{**raced.__dict__, "best_candidate_id": "c1"})
     assert json.loads(render(picked)["best_config.json"])["candidate_id"] == "c1"
+
+
+def failing_results() -> RunResults:
+    """Two candidates; c2 timed out on one case and got a 401 on the other."""
+    evals = [
+        Evaluation("c1", 0, "a", 0.8, latency_ms=120),
+        Evaluation("c1", 0, "b", 0.6, latency_ms=140),
+        Evaluation("c2", 0, "a", 0.0, error="timed out after 5s (attempt 3 of 3)"),
+        Evaluation("c2", 0, "b", 0.0, error="POST http://x/v1 -> 401: missing key (attempt 1 of 3)"),
+    ]
+    return RunResults(
+        run_id="run-f",
+        name="failing",
+        config={},
+        candidates=[Candidate("c1", 0, {"model": "a"}), Candidate("c2", 0, {"model": "b"})],
+        evaluations=evals,
+        warnings=("society.enabled: does nothing yet",),
+    )
+
+
+def test_failures_and_timeouts_are_counted_per_run_and_per_candidate():
+    r = failing_results()
+    o = outcome(r)
+    assert (o.total, o.failed, o.timed_out) == (4, 2, 1)
+    assert o.line() == "2 of 4 evaluations failed (1 timed out)"
+    by_id = {s.candidate_id: s for s in summarize(r)}
+    assert (by_id["c2"].errors, by_id["c2"].timeouts) == (2, 1)
+    files = render(r)
+    md, page = files["report.md"].decode(), files["report.html"].decode()
+    for text in (md, page):
+        assert "2 of 4 evaluations failed (1 timed out)" in text
+        assert "POST http://x/v1 -&gt;" in text or "POST http://x/v1 ->" in text
+        assert "society.enabled: does nothing yet" in text
+    assert "Evaluations per candidate: scored, errored, timed out" in page
+    detailed = json.loads(files["detailed_results.json"])
+    assert detailed["evaluations_failed"] == 2 and detailed["top_errors"][0]["count"] == 1
+
+
+def test_ties_break_by_latency_then_cost_and_constant_cost_plots_latency():
+    evals = [
+        Evaluation("slow", 0, "a", 0.5, latency_ms=900, cost_usd=0.0),
+        Evaluation("fast", 0, "a", 0.5, latency_ms=100, cost_usd=0.0),
+    ]
+    r = RunResults(
+        run_id="run-t",
+        name="",
+        config={},
+        candidates=[Candidate("slow", 0, {"t": 1}), Candidate("fast", 0, {"t": 2})],
+        evaluations=evals,
+    )
+    assert [s.candidate_id for s in summarize(r)] == ["fast", "slow"]
+    page = render(r)["report.html"].decode()
+    assert "Quality against latency (cost is the same for every candidate" in page

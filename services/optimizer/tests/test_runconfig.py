@@ -160,8 +160,17 @@ def test_parameter_errors(param, expected):
 def test_typos_and_structure():
     data = base(optimisation={"algorithm": "genetic"})
     assert problems(data) == ["optimisation: unknown field (check the spelling)"]
-    data = base(optimization={"evolution": {"population_size": 4, "elite_size": 4}})
-    assert "elite_size (4) must be below population_size (4)" in problems(data)[0]
+    # The Convergence ran an elite_size at or above the population; it is lowered, with a warning
+    config = parse_run_config(base(optimization={"evolution": {"population_size": 4, "elite_size": 4}}))
+    assert config.optimization.search_settings().elite_size == 3
+    assert any(
+        w.startswith("optimization.evolution.elite_size: 4 is not below population_size 4") for w in config.warnings()
+    )
+    # ...and its default (2) never refuses a population of 2 or 1
+    for population, elite in ((2, 1), (1, 0)):
+        config = parse_run_config(base(optimization={"evolution": {"population_size": population}}))
+        assert config.optimization.search_settings().elite_size == elite
+        assert not any("elite_size" in w for w in config.warnings())
     data = base()
     del data["api"]
     assert problems(data) == ["api: required field is missing"]

@@ -112,6 +112,7 @@ async def compute(
     defaults: Targets,
     policy: RunPolicySettings,
     timeout_s: float = 30.0,
+    config: dict[str, Any] | None = None,
 ) -> Scored:
     """Score one successful call with every metric. A metric that cannot be computed (the
     judge away, a custom metric that raises, times out or is not allowed) is left out of the
@@ -122,7 +123,7 @@ async def compute(
         name = metric.name
         try:
             value, note = await _one(
-                metric, call, input_, expected, reference, rubric, judge, defaults, policy, timeout_s
+                metric, call, input_, expected, reference, rubric, judge, defaults, policy, timeout_s, config or {}
             )
         except (JudgeUnavailable, _Skip, TargetError) as exc:
             scored.errors[name] = str(exc)
@@ -151,6 +152,7 @@ async def _one(
     defaults: Targets,
     policy: RunPolicySettings,
     timeout_s: float,
+    config: dict[str, Any],
 ) -> tuple[float, str]:
     kind = metric.type
     if kind == MetricType.METRIC_TYPE_LATENCY:
@@ -158,6 +160,8 @@ async def _one(
     if kind == MetricType.METRIC_TYPE_COST:
         return lower_is_better(call.cost_usd, metric.target or defaults.cost_usd), ""
     if kind == MetricType.METRIC_TYPE_CUSTOM:
+        if metric.method == "convergence":
+            return await _convergence_custom(metric, call, expected, config, policy, timeout_s), ""
         return await _custom(metric, call, input_, expected, policy, timeout_s), ""
     if kind == MetricType.METRIC_TYPE_LLM_JUDGE:
         got = await judge.score(
@@ -184,21 +188,48 @@ async def _custom(
     expected: dict[str, Any],
     policy: RunPolicySettings,
     timeout_s: float,
+    *,
+    args: tuple[Any, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> float:
     """A user's metric ``fn(output, expected, input)``, off the event loop when it is sync;
     whatever it raises (or a value that is not a number) is a TargetError naming it."""
     what = f"metric {metric.name} callable"
     fn = resolve_callable(metric.callable, what=what, policy=policy)
+    args = args if args is not None else (call.output, expected, input_)
+    kwargs = kwargs or {}
     try:
         if inspect.iscoroutinefunction(fn):
-            value = await asyncio.wait_for(fn(call.output, expected, input_), timeout_s)
+            value = await asyncio.wait_for(fn(*args, **kwargs), timeout_s)
         else:
-            value = await asyncio.wait_for(asyncio.to_thread(fn, call.output, expected, input_), timeout_s)
+            value = await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), timeout_s)
         if inspect.isawaitable(value):
             value = await asyncio.wait_for(value, timeout_s)
+        if isinstance(value, dict):  # a Convergence evaluator may score several metrics at once
+            value = value.get(metric.name, value.get("score"))
         return float(value)
     except TimeoutError:
         raise TargetError(f"{what} {metric.callable} timed out after {timeout_s:g}s", retryable=False) from None
     except Exception as exc:  # noqa: BLE001 - the user's metric failed; that is the outcome
         text = " ".join(str(exc).split())[:300]
         raise TargetError(f"{what} {metric.callable} raised {type(exc).__name__}: {text}", retryable=False) from None
+
+
+async def _convergence_custom(
+    metric: Metric,
+    call: CallResult,
+    expected: dict[str, Any],
+    config: dict[str, Any],
+    policy: RunPolicySettings,
+    timeout_s: float,
+) -> float:
+    """A Convergence custom evaluator, ``fn(result, expected, params, metric=name)``: result is
+    the target's output parsed as JSON where it is JSON; a dict it returns is read at the
+    metric's name (else ``score``)."""
+    try:
+        result: Any = json.loads(call.output)
+    except ValueError:
+        result = call.output
+    return await _custom(
+        metric, call, {}, expected, policy, timeout_s, args=(result, expected, config), kwargs={"metric": metric.name}
+    )

@@ -116,6 +116,7 @@ class Evaluator:
             defaults=self._defaults,
             policy=self._policy,
             timeout_s=req.timeout_s or self._settings.call_timeout_s,
+            config=ctx.config,
         )
         weights = {m.name: req.test_case.metric_weights.get(m.name, m.weight or 1.0) for m in wanted}
         result.components.update(scored.components)

@@ -213,14 +213,19 @@ def http_headers(target: HttpTarget, *, policy: RunPolicySettings) -> dict[str, 
 async def call_http(
     target: HttpTarget, ctx: CallContext, client: httpx.AsyncClient, *, policy: RunPolicySettings
 ) -> CallResult:
-    """One HTTP call with the templated body; the output is read at ``response_path``."""
+    """One HTTP call with the templated body; the output is read at ``response_path``.
+    Without a body template a POST/PUT/PATCH sends the test input merged with the candidate's
+    params (the params win), as The Convergence did, so every candidate sends its own request."""
     check_url(target.url, what="target.http.url", policy=policy)
+    method = (target.method or "POST").upper()
     try:
-        body = render_body(target.body_template, ctx.template_values()) if target.body_template else None
+        if target.body_template:
+            body = render_body(target.body_template, ctx.template_values())
+        else:
+            body = {**ctx.input, **ctx.config} if method in ("POST", "PUT", "PATCH") else None
     except TemplateError as exc:
         raise TargetError(f"target.http.body_template: {exc}", retryable=False) from None
     headers = http_headers(target, policy=policy)
-    method = (target.method or "POST").upper()
     started = time.perf_counter()
     try:
         resp = await client.request(method, target.url, json=body, headers=headers)

@@ -62,7 +62,10 @@ def problems(req: EvaluationRequest, *, policy: RunPolicySettings) -> list[str]:
             found.append(f"{where}: a custom metric needs callable 'package.module:function'")
         elif metric.callable:
             found += policy_problems(policy, callables=[(f"{where}.callable", metric.callable)])
-        if metric.method not in SIMILARITY_METHODS:
+        if metric.type == MetricType.METRIC_TYPE_CUSTOM:
+            if metric.method not in ("", "convergence"):
+                found.append(f"{where}: method {metric.method!r} of a custom metric must be empty or convergence")
+        elif metric.method not in SIMILARITY_METHODS:
             found.append(f"{where}: method {metric.method!r} must be token_f1 or embedding")
     for name, weight in req.test_case.metric_weights.items():
         if not (math.isfinite(weight) and weight >= 0):

@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .augmentation import AugmentationConfig, augment
+from .errors import ProblemsError, problems_of
 
 METRIC_TYPES = ("llm_judge", "exact_match", "similarity", "latency", "cost", "custom")
 DIRECTIONS = ("higher_is_better", "lower_is_better")
@@ -31,6 +32,10 @@ class MetricSpec(BaseModel):
     budget_per_call: float | None = Field(default=None, ge=0)
     rubric: str | None = None  # llm_judge: what the judge scores against
     callable: str | None = None  # custom: "package.module:function"
+    description: str = ""  # kept for the reports
+    # How a custom callable is called: "flywheel" fn(output, expected, input), or
+    # "convergence" fn(result, expected, params, metric=name) (evaluation.custom_evaluator)
+    signature: Literal["flywheel", "convergence"] = "flywheel"
 
     @model_validator(mode="before")
     @classmethod
@@ -70,6 +75,11 @@ def _kind_from_name(name: str) -> str:
     return "custom"
 
 
+# Test-case fields The Convergence's files carry for people (and its Agno adapters): kept in
+# metadata, not an error. Other unknown fields still are (a typo of input or expected).
+DESCRIPTIVE_CASE_FIELDS = ("description", "name", "function", "category", "tags", "notes")
+
+
 class TestCase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,6 +87,24 @@ class TestCase(BaseModel):
     input: Any
     expected: Any = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _descriptive_to_metadata(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "input" not in data:
+            # The Convergence's BrowserBase cases put url, selector... at the top: they are the input
+            rest = {k: v for k, v in data.items() if k not in ("id", "expected", "metadata", *DESCRIPTIVE_CASE_FIELDS)}
+            if rest:
+                data = {k: v for k, v in data.items() if k not in rest} | {"input": rest}
+        if isinstance(data, dict) and any(k in data for k in DESCRIPTIVE_CASE_FIELDS):
+            data = dict(data)
+            metadata = dict(data.get("metadata") or {}) if isinstance(data.get("metadata"), dict | None) else None
+            if metadata is not None:
+                for key in DESCRIPTIVE_CASE_FIELDS:
+                    if key in data:
+                        metadata.setdefault(key, data.pop(key))
+                data["metadata"] = metadata
+        return data
 
 
 class TestCasesConfig(BaseModel):
@@ -99,11 +127,25 @@ class TestCasesConfig(BaseModel):
 
 
 class CustomEvaluatorConfig(BaseModel):
+    """The Convergence's scorer for its ``function: custom`` metrics: ``module.function(result,
+    expected, params, metric=name)``, called by the evaluator for each such metric that has
+    no ``callable`` of its own (the run policy's callable_modules must allow the module)."""
+
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    module: str
+    module: str | None = None
     function: str = "score_response"
+
+    @model_validator(mode="after")
+    def _module_when_enabled(self) -> CustomEvaluatorConfig:
+        if self.enabled and not self.module:
+            raise ValueError("module: required when the custom evaluator is enabled")
+        return self
+
+    @property
+    def callable(self) -> str:
+        return f"{self.module}:{self.function}"
 
 
 class EvaluationConfig(BaseModel):
@@ -137,7 +179,16 @@ class EvaluationConfig(BaseModel):
         unknown = [m for m in self.required_metrics if m not in self.metrics]
         if unknown:
             raise ValueError(f"required_metrics names unknown metrics {unknown}; defined: {sorted(self.metrics)}")
+        custom = self.custom_evaluator
+        if custom is not None and custom.enabled:
+            for spec in self.metrics.values():
+                if spec.type == "custom" and not spec.callable:
+                    spec.callable, spec.signature = custom.callable, "convergence"
         return self
+
+    def unscored(self) -> list[str]:
+        """Custom metrics with nothing to score them (no callable, no custom evaluator)."""
+        return [name for name, m in self.metrics.items() if m.type == "custom" and not m.callable]
 
     def weights(self) -> dict[str, float]:
         """Weights normalised to sum to 1 (The Convergence asked users to do it by hand)."""
@@ -162,10 +213,17 @@ def load_test_cases(config: TestCasesConfig, base_dir: Path) -> list[TestCase]:
         else:
             data = json.loads(text)
             raw = data.get("test_cases", []) if isinstance(data, dict) else data
-    cases = []
+    cases, problems = [], []
+    where = "evaluation.test_cases" + (".inline" if config.inline is not None else f" ({config.path})")
     for i, item in enumerate(raw):
-        case = TestCase.model_validate(item)
+        try:
+            case = TestCase.model_validate(item)
+        except ValidationError as exc:
+            problems += problems_of(exc, f"{where}[{i}]")
+            continue
         cases.append(case.model_copy(update={"id": case.id or f"case-{i + 1}"}))
+    if problems:
+        raise ProblemsError(problems)
     if not cases:
         raise ValueError("evaluation.test_cases: no test cases")
     ids = [c.id for c in cases]

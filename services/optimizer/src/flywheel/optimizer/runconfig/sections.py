@@ -12,6 +12,16 @@ from flywheel.optimizer.search import SearchSettings
 class AuthConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_header(cls, data: Any) -> Any:
+        # The Convergence's older spelling of header_name
+        if isinstance(data, dict) and "api_key_header" in data:
+            data = dict(data)
+            header = data.pop("api_key_header")
+            data.setdefault("header_name", header)
+        return data
+
     type: Literal["bearer", "api_key", "basic", "oauth", "none"] = "none"
     token_env: str | None = None  # the NAME of an environment variable, never the secret
     header_name: str = "x-api-key"
@@ -52,6 +62,9 @@ class ApiConfig(BaseModel):
                 self.kind = "http"
         if self.kind == "http" and not (self.endpoint or self.models):
             raise ValueError("an http target needs endpoint (or models)")
+        for key, entry in (self.models or {}).items():
+            if not isinstance(entry.get("endpoint"), str) or not entry["endpoint"].strip():
+                raise ValueError(f"models.{key}: needs endpoint (the URL this model is called at)")
         if self.kind == "python" and (not self.callable or ":" not in self.callable):
             raise ValueError("a python target needs callable: 'package.module:function'")
         if self.kind == "llm" and not (self.model or self.models):
@@ -69,11 +82,13 @@ class EarlyStoppingConfig(BaseModel):
 
 class EvolutionConfig(BaseModel):
     """Convergence's names (population_size, mutation_rate...) and the short ones (population,
-    mutation...) are both accepted."""
+    mutation...) are both accepted. ``elite_size`` defaults to 2 but never more than
+    population_size - 1; a larger one is lowered to that (with a warning, see
+    :meth:`RunConfig.warnings`), as The Convergence ran it."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    population_size: int = Field(default=20, ge=2, validation_alias=AliasChoices("population_size", "population"))
+    population_size: int = Field(default=20, ge=1, validation_alias=AliasChoices("population_size", "population"))
     generations: int = Field(default=10, ge=1)
     mutation_rate: float = Field(default=0.2, ge=0, le=1, validation_alias=AliasChoices("mutation_rate", "mutation"))
     crossover_rate: float = Field(default=0.7, ge=0, le=1, validation_alias=AliasChoices("crossover_rate", "crossover"))
@@ -81,11 +96,15 @@ class EvolutionConfig(BaseModel):
     tournament_size: int | None = Field(default=None, ge=2)
     mutation_scale: float = Field(default=0.1, gt=0, le=1)
     surrogate: bool = True
+    # elite_size as written, when it had to be lowered (for the warning)
+    elite_size_asked: int | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def _elite_fits(self) -> EvolutionConfig:
         if self.elite_size >= self.population_size:
-            raise ValueError(f"elite_size ({self.elite_size}) must be below population_size ({self.population_size})")
+            if "elite_size" in self.model_fields_set:
+                self.elite_size_asked = self.elite_size
+            self.elite_size = self.population_size - 1
         return self
 
 
@@ -107,13 +126,36 @@ class MabConfig(BaseModel):
 
 
 class ExecutionConfig(BaseModel):
+    """How the run's evaluations are carried out. ``max_failure_ratio``: the run ends FAILED
+    when more than this share of its evaluations failed (errors and timeouts), and early
+    once the first ``max(10, 2 x parallel_workers)`` evaluations all failed.
+    ``delay_between_calls`` (seconds) paces the run like ``rate_limiting``; ``max_retries``
+    and ``retry_delay_seconds`` go with each request to the evaluator."""
+
     model_config = ConfigDict(extra="forbid")
 
     experiments_per_generation: int | None = Field(default=None, ge=1)
     parallel_workers: int = Field(default=4, ge=1)
     max_retries: int = Field(default=3, ge=0)
+    retry_delay_seconds: float | None = Field(default=None, ge=0, le=600)
+    delay_between_calls: float | None = Field(default=None, ge=0, le=3600)
     timeout_s: float = Field(default=60.0, gt=0)
+    max_failure_ratio: float = Field(default=0.5, ge=0, le=1)
     early_stopping: EarlyStoppingConfig | None = None
+
+
+class RateLimitingConfig(BaseModel):
+    """The Convergence's ``rate_limiting`` section: the run publishes at most this many
+    evaluation requests per second/minute (``burst_limit`` at once), so the target sees at
+    most that rate of first attempts (the evaluator's retries come on top)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    requests_per_second: float | None = Field(default=None, gt=0)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    burst_limit: int = Field(default=1, ge=1)
+    backoff_strategy: str = "exponential"
 
 
 class WarmStartConfig(BaseModel):
@@ -136,6 +178,14 @@ class OptimizationConfig(BaseModel):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     max_evaluations: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _convergence_algorithm(cls, data: Any) -> Any:
+        # The Convergence's "evolution" is its genetic algorithm without the bandit part
+        if isinstance(data, dict) and data.get("algorithm") == "evolution":
+            data = {**data, "algorithm": "genetic"}
+        return data
 
     @model_validator(mode="after")
     def _one_early_stopping(self) -> OptimizationConfig:

@@ -21,7 +21,9 @@ request inserts nothing. So no evaluation is lost and none is counted twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 from typing import Any
 
 from sqlalchemy import func, select, text, update
@@ -84,6 +86,8 @@ class RunDriver:
         self._searches: dict[str, tuple[int, Search]] = {}
         # Runs this process has stepped: a run it takes over has its pending requests re-sent.
         self._owned: set[str] = set()
+        # Rate-limited runs: (tokens, when counted), see _paced.
+        self._buckets: dict[str, tuple[float, float]] = {}
 
     async def run(self) -> None:
         """Step forever (a background task of the service)."""
@@ -140,6 +144,7 @@ class RunDriver:
                 )
             changed = "search" not in saved
             last_seq = int(saved.get("last_seq", 0))
+            failed, stored = int(saved.get("failed", 0)), int(saved.get("stored", 0))
             before = (search.generation, search.evaluations)
             for r in await session.execute(
                 select(
@@ -147,6 +152,7 @@ class RunDriver:
                     RunEvaluationRow.test_case_id,
                     RunEvaluationRow.score,
                     RunEvaluationRow.seq,
+                    RunEvaluationRow.error,
                 )
                 .where(RunEvaluationRow.run_id == run_id, RunEvaluationRow.seq > last_seq)
                 .order_by(RunEvaluationRow.seq)
@@ -154,7 +160,12 @@ class RunDriver:
                 if r.candidate_id in search.candidates:
                     search.record(r.candidate_id, r.test_case_id, r.score)
                 last_seq = r.seq
+                stored += 1
+                failed += bool(r.error)
                 changed = True
+            execution = config.optimization.execution
+            # Every evaluation so far failed (a dead URL, a missing key): stop now, not after the budget
+            doomed = failed == stored >= max(10, 2 * execution.parallel_workers)
             if not search.done:
                 for injected in await session.execute(_TAKE_INJECTIONS, {"run_id": run_id}):
                     search.inject(list(injected.configs), origin=injected.origin)
@@ -162,8 +173,11 @@ class RunDriver:
             if run_id not in self._owned:
                 requests += [template.build(cid, search.candidates[cid].config, case) for cid, case in search.pending()]
                 self._owned.add(run_id)
-            limit = 2 * config.optimization.execution.parallel_workers - len(search.pending())
-            new = search.next_evaluations(limit)
+            limit = 2 * execution.parallel_workers - len(search.pending())
+            limit = self._paced(run_id, config, limit)
+            new = search.next_evaluations(limit) if not doomed else []
+            if new:
+                self._spend(run_id, len(new))
             if new:
                 changed = True
                 await session.execute(
@@ -196,16 +210,23 @@ class RunDriver:
             if changed:  # an idle tick writes nothing (the state is MBs for a large run)
                 version += 1
                 best = search.best()
-                row.search_state = {"search": search.to_state(), "last_seq": last_seq, "best": best, "version": version}
+                row.search_state = {
+                    "search": search.to_state(),
+                    "last_seq": last_seq,
+                    "best": best,
+                    "version": version,
+                    "failed": failed,
+                    "stored": stored,
+                }
                 row.generation = search.generation
                 row.evaluations_done = search.evaluations
                 if best is not None:
                     row.best_score = best["mean_score"]
                     row.best_config = best["config"]
                 row.updated_at = func.now()
-            finished = search.done
+            finished = search.done or doomed
             if finished:
-                row.stopped_because = search.done_reason
+                row.stopped_because = "every evaluation failed" if doomed and not search.done else search.done_reason
             moved = (search.generation, search.evaluations) != before
             progress = progress_message(row)
         if not finished:
@@ -226,6 +247,11 @@ class RunDriver:
             if row is None:
                 return
             results = await _results(session, row, state=state)
+            if state == SUCCEEDED:
+                state, error = _judge_outcome(results, row.config) or (state, error)
+                results = dataclasses.replace(results, state=state, error=error)
+            else:
+                results = dataclasses.replace(results, error=error)
         files = report.render(results)
         await self._objects.ensure_bucket(BUCKET)
         artifacts = {}
@@ -247,6 +273,7 @@ class RunDriver:
         self._configs.pop(run_id, None)
         self._searches.pop(run_id, None)
         self._owned.discard(run_id)
+        self._buckets.pop(run_id, None)
         log.info("run finished", run_id=run_id, state=progress.state, best_score=progress.best_score)
         await self._publish_progress(progress)
 
@@ -261,6 +288,24 @@ class RunDriver:
                     .where(RunRow.run_id == run_id, RunRow.state == RUNNING)
                     .values(state=FAILED, error=error)
                 )
+
+    def _paced(self, run_id: str, config: RunConfig, limit: int) -> int:
+        """How many new requests the run's rate limit allows now (a token bucket per run:
+        one token per ``request_interval_s``, at most ``burst_limit`` saved up)."""
+        interval = config.request_interval_s()
+        if interval <= 0 or limit <= 0:
+            return limit
+        burst = config.rate_limiting.burst_limit if config.rate_limiting else 1
+        now = time.monotonic()
+        tokens, last = self._buckets.get(run_id, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - last) / interval)
+        self._buckets[run_id] = (tokens, now)
+        return min(limit, int(tokens))
+
+    def _spend(self, run_id: str, n: int) -> None:
+        if run_id in self._buckets:
+            tokens, last = self._buckets[run_id]
+            self._buckets[run_id] = (tokens - n, last)
 
     def _template(self, run_id: str, config: RunConfig) -> RequestTemplate:
         found = self._templates.get(run_id)
@@ -338,7 +383,31 @@ def progress_message(row: RunRow) -> runs_pb2.RunProgress:
         evaluations_total=row.evaluations_budget,
         best_score=row.best_score or 0.0,
         best_config=struct_of(row.best_config),
+        evaluations_failed=int((row.search_state or {}).get("failed", 0)),
     )
+
+
+def _judge_outcome(results: report.RunResults, config: dict[str, Any]) -> tuple[str, str] | None:
+    """(FAILED, why) when more than ``execution.max_failure_ratio`` of the evaluations failed
+    (or none was made); None when the run stands as succeeded."""
+    outcome = report.outcome(results)
+    try:
+        ratio = parse_run_config(config).optimization.execution.max_failure_ratio
+    except Exception:  # noqa: BLE001 - the config parsed at StartRun; keep the default if it no longer does
+        ratio = 0.5
+    if outcome.total == 0:
+        return FAILED, "no evaluation was made"
+    if outcome.failed / outcome.total > ratio:
+        top = (
+            f"; most common error ({outcome.top_errors[0][1]}x): {outcome.top_errors[0][0]}"
+            if outcome.top_errors
+            else ""
+        )
+        return FAILED, (
+            f"{outcome.failed} of {outcome.total} evaluations failed (more than "
+            f"optimization.execution.max_failure_ratio {ratio:g}){top}"
+        )
+    return None
 
 
 async def _results(session: AsyncSession, row: RunRow, *, state: str) -> report.RunResults:
@@ -371,4 +440,13 @@ async def _results(session: AsyncSession, row: RunRow, *, state: str) -> report.
         state=state,
         stopped_because=row.stopped_because,
         best_candidate_id=((row.search_state or {}).get("best") or {}).get("candidate_id", ""),
+        warnings=tuple(config_warnings(row.config)),
     )
+
+
+def config_warnings(config: dict[str, Any]) -> list[str]:
+    """The stored config's warnings (fields read but not acted on)."""
+    try:
+        return parse_run_config(config).warnings()
+    except Exception:  # noqa: BLE001 - an old run whose config no longer parses has none to give
+        return []

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.optimizer.v1 import run_service_pb2 as pb
@@ -19,7 +20,15 @@ from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.validation import check_string, check_struct
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runs import service
-from flywheel.optimizer.runs.driver import ARTIFACTS, BUCKET, RUNNING, STATES, content_type, progress_message
+from flywheel.optimizer.runs.driver import (
+    ARTIFACTS,
+    BUCKET,
+    RUNNING,
+    STATES,
+    config_warnings,
+    content_type,
+    progress_message,
+)
 from flywheel.optimizer.runs.requests import struct_of
 
 _STATE_NAMES = {v: k for k, v in STATES.items()}
@@ -32,7 +41,34 @@ def _run_id(value: str) -> str:
     return check_string(value, "run_id", max_len=64)
 
 
-def run_message(row: RunRow) -> runs_pb2.Run:
+_OUTCOME = text(
+    "SELECT run_id, count(*) AS done, count(*) FILTER (WHERE error <> '') AS failed,"
+    " count(*) FILTER (WHERE error ILIKE '%timed out%' OR error ILIKE '%timeout%') AS timed_out"
+    " FROM run_evaluations WHERE run_id = ANY(:runs) GROUP BY run_id"
+)
+_TOP_ERRORS = text(
+    "SELECT split_part(error, ' (attempt ', 1) AS message, count(*) AS n FROM run_evaluations"
+    " WHERE run_id = :run_id AND error <> '' GROUP BY 1 ORDER BY n DESC, 1 LIMIT 5"
+)
+
+
+async def outcomes(session: AsyncSession, rows: list[RunRow], *, top_errors: bool) -> dict[str, dict[str, Any]]:
+    """Per run: evaluations done, failed, timed out (and, with top_errors, the most common
+    messages), counted from run_evaluations."""
+    found: dict[str, dict[str, Any]] = {r.run_id: {"done": 0, "failed": 0, "timed_out": 0, "top": []} for r in rows}
+    if not rows:
+        return found
+    for r in await session.execute(_OUTCOME, {"runs": list(found)}):
+        found[r.run_id].update(done=r.done, failed=r.failed, timed_out=r.timed_out)
+    if top_errors:
+        for run_id, counts in found.items():
+            if counts["failed"]:
+                counts["top"] = [(m.message[:500], m.n) for m in await session.execute(_TOP_ERRORS, {"run_id": run_id})]
+    return found
+
+
+def run_message(row: RunRow, outcome: dict[str, Any] | None = None) -> runs_pb2.Run:
+    outcome = outcome or {}
     msg = runs_pb2.Run(
         run_id=row.run_id,
         state=STATES[row.state],
@@ -43,9 +79,19 @@ def run_message(row: RunRow) -> runs_pb2.Run:
         best_config=struct_of(row.best_config),
         artifacts=row.artifacts or {},
         error=row.error,
+        evaluations_done=int(outcome.get("done", row.evaluations_done)),
+        evaluations_total=row.evaluations_budget,
+        evaluations_failed=int(outcome.get("failed", (row.search_state or {}).get("failed", 0))),
+        evaluations_timed_out=int(outcome.get("timed_out", 0)),
+        top_errors=[runs_pb2.ErrorCount(message=m, count=n) for m, n in outcome.get("top", [])],
+        warnings=config_warnings(row.config),
     )
     msg.created_at.FromDatetime(row.created_at)
     return msg
+
+
+async def _full(session: AsyncSession, row: RunRow) -> runs_pb2.Run:
+    return run_message(row, (await outcomes(session, [row], top_errors=True))[row.run_id])
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -85,22 +131,25 @@ class RunServicer(pb_grpc.RunServiceServicer):
             row = await service.start_run(
                 session, config=config, policy=self._policy, limits=self._limits, name=getattr(request, "name", "")
             )
-        return pb.StartRunResponse(run=run_message(row))
+        return pb.StartRunResponse(run=run_message(row, {}))
 
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
         async with self._sessions() as session:
-            return pb.GetRunResponse(run=run_message(await service.get_run(session, run_id=_run_id(request.run_id))))
+            row = await service.get_run(session, run_id=_run_id(request.run_id))
+            return pb.GetRunResponse(run=await _full(session, row))
 
     async def ListRuns(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         state = _STATE_NAMES.get(request.state) if request.state else None
         async with self._sessions() as session:
             rows = await service.list_runs(session, limit=request.limit, state=state)
-        return pb.ListRunsResponse(runs=[run_message(r) for r in rows])
+            counts = await outcomes(session, rows, top_errors=False)
+        return pb.ListRunsResponse(runs=[run_message(r, counts[r.run_id]) for r in rows])
 
     async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
         run_id = _run_id(request.run_id)
         async with self._sessions() as session:
-            return pb.CancelRunResponse(run=run_message(await service.cancel_run(session, run_id=run_id)))
+            row = await service.cancel_run(session, run_id=run_id)
+            return pb.CancelRunResponse(run=await _full(session, row))
 
     async def WatchRun(
         self, request: pb.WatchRunRequest, context: grpc.aio.ServicerContext

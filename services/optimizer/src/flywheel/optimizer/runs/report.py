@@ -12,6 +12,7 @@ import html
 import io
 import json
 import math
+import textwrap
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +55,8 @@ class CandidateSummary:
     mean_latency_ms: float
     mean_cost_usd: float
     pareto: bool = False
+    timeouts: int = 0
+    top_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,50 @@ class RunResults:
     # The search's pick (its posterior, fully evaluated candidates first); "" lets the
     # ranking below decide.
     best_candidate_id: str = ""
+    error: str = ""  # why the run failed
+    warnings: tuple[str, ...] = ()  # config fields read but not acted on
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How many evaluations failed, and with what."""
+
+    total: int
+    failed: int
+    timed_out: int
+    top_errors: list[tuple[str, int]]  # (message, count), most frequent first
+
+    def line(self) -> str:
+        if not self.failed:
+            return f"0 of {self.total} evaluations failed"
+        return f"{self.failed} of {self.total} evaluations failed ({self.timed_out} timed out)"
+
+
+# The rule behind "cases" < the test-case count, in one line for the reports.
+RACING_RULE = (
+    "Racing: each candidate is scored on a few test cases first and on more only while it may still "
+    "beat the best (confidence {confidence:g}); candidates dropped early show fewer cases and rank "
+    "after fully scored ones."
+)
+
+
+def is_timeout(error: str) -> bool:
+    return "timed out" in error.lower() or "timeout" in error.lower()
+
+
+def _error_key(error: str) -> str:
+    # "... (attempt 3 of 3)" differs per evaluation only in noise; group by the message
+    return error.split(" (attempt ")[0].strip()[:300]
+
+
+def outcome(results: RunResults, top: int = 5) -> Outcome:
+    """The run's failed evaluations: counts and the most common messages."""
+    errors = [e.error for e in results.evaluations if e.error]
+    counts: dict[str, int] = defaultdict(int)
+    for e in errors:
+        counts[_error_key(e)] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return Outcome(len(results.evaluations), len(errors), sum(1 for e in errors if is_timeout(e)), ranked)
 
 
 def summarize(results: RunResults) -> list[CandidateSummary]:
@@ -93,15 +140,35 @@ def summarize(results: RunResults) -> list[CandidateSummary]:
                 errors=sum(1 for e in evals if e.error),
                 mean_latency_ms=sum(e.latency_ms for e in evals) / n,
                 mean_cost_usd=sum(e.cost_usd for e in evals) / n,
+                timeouts=sum(1 for e in evals if e.error and is_timeout(e.error)),
+                top_error=_top([_error_key(e.error) for e in evals if e.error]),
             )
         )
     for s in out:
         s.pareto = not any(_dominates(o, s) for o in out if o is not s)
     # Candidates scored on every test case first (racing stops the others early, and a mean
-    # over a few cases is optimistic), then by mean score.
+    # over a few cases is optimistic), then by mean score; equal scores by latency, then cost.
     full = max((s.cases for s in out), default=0)
-    out.sort(key=lambda s: (s.cases < full, -s.mean_score, -s.cases, s.candidate_id))
+    out.sort(
+        key=lambda s: (
+            s.cases < full,
+            -round(s.mean_score, 9),
+            s.mean_latency_ms,
+            s.mean_cost_usd,
+            -s.cases,
+            s.candidate_id,
+        )
+    )
     return out
+
+
+def _top(messages: list[str]) -> str:
+    if not messages:
+        return ""
+    counts: dict[str, int] = defaultdict(int)
+    for m in messages:
+        counts[m] += 1
+    return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
 
 
 def _dominates(a: CandidateSummary, b: CandidateSummary) -> bool:
@@ -138,11 +205,17 @@ def render(results: RunResults) -> dict[str, bytes]:
         "test_cases": best.cases if best else 0,
         "candidate_id": best.candidate_id if best else None,
     }
+    failures = outcome(results)
     detailed = {
         "run_id": results.run_id,
         "name": results.name,
         "state": results.state,
+        "error": results.error,
         "stopped_because": results.stopped_because,
+        "evaluations_failed": failures.failed,
+        "evaluations_timed_out": failures.timed_out,
+        "top_errors": [{"message": m, "count": n} for m, n in failures.top_errors],
+        "warnings": list(results.warnings),
         "run_config": results.config,
         "candidates": [asdict(s) for s in summaries],
         "evaluations": [asdict(e) for e in results.evaluations],
@@ -151,8 +224,8 @@ def render(results: RunResults) -> dict[str, bytes]:
     return {
         "best_config.json": _json(best_config),
         "detailed_results.json": _json(detailed),
-        "report.md": _markdown(results, summaries).encode(),
-        "report.html": _html(results, summaries).encode(),
+        "report.md": _markdown(results, summaries, failures).encode(),
+        "report.html": _html(results, summaries, failures).encode(),
     }
 
 
@@ -164,18 +237,40 @@ def _param_names(summaries: list[CandidateSummary]) -> list[str]:
     return sorted({k for s in summaries for k in s.config})
 
 
-def _markdown(results: RunResults, summaries: list[CandidateSummary]) -> str:
+def _racing_line(results: RunResults) -> str:
+    racing = (
+        ((results.config.get("optimization") or {}).get("racing") or {}) if isinstance(results.config, dict) else {}
+    )
+    if isinstance(racing, dict) and racing.get("enabled") is False:
+        return "Racing was off: every candidate was scored on every test case."
+    confidence = racing.get("confidence", 0.9) if isinstance(racing, dict) else 0.9
+    return RACING_RULE.format(confidence=float(confidence) if isinstance(confidence, int | float) else 0.9)
+
+
+def _markdown(results: RunResults, summaries: list[CandidateSummary], failures: Outcome) -> str:
     lines = [
         f"# Run {results.name or results.run_id}",
         "",
         f"- run id: `{results.run_id}`",
-        f"- state: {results.state}" + (f" ({results.stopped_because})" if results.stopped_because else ""),
-        f"- candidates evaluated: {len(summaries)}; test-case evaluations: {len(results.evaluations)}",
+        f"- state: **{results.state}**" + (f" ({results.stopped_because})" if results.stopped_because else ""),
     ]
+    if results.error:
+        lines.append(f"- why it failed: {results.error}")
+    lines += [
+        f"- candidates evaluated: {len(summaries)}; test-case evaluations: {len(results.evaluations)}",
+        f"- failures: **{failures.line()}**",
+    ]
+    if failures.top_errors:
+        lines += ["", "## Errors", "", "| count | error |", "|---|---|"]
+        lines += [f"| {n} | {_cell(m)} |" for m, n in failures.top_errors]
+    if results.warnings:
+        lines += ["", "## Config warnings", ""] + [f"- {w}" for w in results.warnings]
     if summaries:
         b = summaries[0]
         lines += [
-            f"- best mean score: **{b.mean_score:.4f}** over {b.cases} test cases (candidate `{b.candidate_id}`)",
+            "",
+            f"Best mean score: **{b.mean_score:.4f}** over {b.cases} test cases (candidate `{b.candidate_id}`)"
+            + (f", {b.errors} of them failed" if b.errors else ""),
             "",
             "## Best config",
             "",
@@ -190,16 +285,19 @@ def _markdown(results: RunResults, summaries: list[CandidateSummary]) -> str:
         "",
         "## Top candidates",
         "",
-        "| rank | candidate | gen | origin | mean score | cases | latency ms | cost $ | Pareto | "
+        _racing_line(results) + " Equal scores are ranked by latency, then cost.",
+        "",
+        "| rank | candidate | gen | origin | mean score | cases | errors | timeouts | latency ms | cost $ | Pareto | "
         + " | ".join(params)
-        + " |",
-        "|---" * (9 + len(params)) + "|",
+        + " | top error |",
+        "|---" * (12 + len(params)) + "|",
     ]
     for i, s in enumerate(summaries[:20], 1):
         values = " | ".join(_cell(s.config.get(p)) for p in params)
         lines.append(
             f"| {i} | `{s.candidate_id}` | {s.generation} | {s.origin} | {s.mean_score:.4f} | {s.cases} | "
-            f"{s.mean_latency_ms:.0f} | {s.mean_cost_usd:.5f} | {'yes' if s.pareto else ''} | {values} |"
+            f"{s.errors} | {s.timeouts} | {s.mean_latency_ms:.0f} | {s.mean_cost_usd:.5f} | "
+            f"{'yes' if s.pareto else ''} | {values} | {_cell(s.top_error[:120])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -207,15 +305,18 @@ def _markdown(results: RunResults, summaries: list[CandidateSummary]) -> str:
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value).replace("|", "\\|") if value is not None else ""
+    return str(value).replace("|", "\\|").replace("\n", " ") if value is not None else ""
 
 
-def _html(results: RunResults, summaries: list[CandidateSummary]) -> str:
+def _html(results: RunResults, summaries: list[CandidateSummary], failures: Outcome) -> str:
     plots = _plots(results, summaries)
+    esc = html.escape
     rows = "".join(
-        "<tr>"
+        "<tr"
+        + (' class="failing"' if s.errors else "")
+        + ">"
         + "".join(
-            f"<td>{html.escape(str(v))}</td>"
+            f"<td>{esc(str(v))}</td>"
             for v in (
                 i,
                 s.candidate_id,
@@ -223,43 +324,73 @@ def _html(results: RunResults, summaries: list[CandidateSummary]) -> str:
                 s.origin,
                 f"{s.mean_score:.4f}",
                 s.cases,
+                s.errors,
+                s.timeouts,
                 f"{s.mean_latency_ms:.0f}",
                 f"{s.mean_cost_usd:.5f}",
                 "yes" if s.pareto else "",
                 json.dumps(s.config, default=str),
+                s.top_error[:200],
             )
         )
         + "</tr>"
         for i, s in enumerate(summaries[:50], 1)
     )
     figures = "".join(
-        f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"/>'
-        f"<figcaption>{html.escape(title)}</figcaption></figure>"
+        f'<figure><img alt="{esc(title)}" src="data:image/png;base64,{png}"/>'
+        f"<figcaption>{esc(title)}</figcaption></figure>"
         for title, png in plots
     )
     best = summaries[0] if summaries else None
     headline = (
         f"Best mean score <b>{best.mean_score:.4f}</b> over {best.cases} test cases"
-        f"<pre>{html.escape(json.dumps(best.config, indent=2, default=str))}</pre>"
+        f"<pre>{esc(json.dumps(best.config, indent=2, default=str))}</pre>"
         if best
         else "No candidate was evaluated."
     )
-    title = html.escape(results.name or results.run_id)
+    failed_box = ""
+    if results.error or failures.failed:
+        items = "".join(f"<li><b>{n} x</b> <code>{esc(m)}</code></li>" for m, n in failures.top_errors)
+        failed_box = (
+            f'<section id="failures" class="{"bad" if results.state == "failed" else "warn"}">'
+            + (f"<p><b>Run failed:</b> {esc(results.error)}</p>" if results.error else "")
+            + f'<p id="failure-count"><b>{esc(failures.line())}</b></p>'
+            + (f"<p>Most common errors:</p><ol>{items}</ol>" if items else "")
+            + "</section>"
+        )
+    warnings = (
+        "<h2>Config warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in results.warnings) + "</ul>"
+        if results.warnings
+        else ""
+    )
+    title = esc(results.name or results.run_id)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Flywheel run {title}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
-table{{border-collapse:collapse;font-size:.85em}}td,th{{border:1px solid #ccc;padding:.25em .5em}}
-figure{{display:inline-block;margin:.5em}}img{{max-width:520px}}</style></head><body>
+<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;font-size:.85em}}td,th{{border:1px solid #ccc;padding:.25em .5em;vertical-align:top}}
+td:nth-child(12),td:nth-child(13){{max-width:24em;overflow-wrap:anywhere}}
+tr.failing td:nth-child(7){{color:#a00;font-weight:bold}}
+section.bad{{border:2px solid #c00;background:#fff0f0;padding:.5em 1em}}
+section.warn{{border:2px solid #c80;background:#fff8e8;padding:.5em 1em}}
+figure{{display:inline-block;margin:.5em;vertical-align:top}}img{{max-width:560px}}</style></head><body>
 <h1>Run {title}</h1>
-<p>State: {html.escape(results.state)} {html.escape(results.stopped_because)} · candidates: {len(summaries)}
-· test-case evaluations: {len(results.evaluations)}</p>
+<p>State: <b id="state">{esc(results.state)}</b> {esc(results.stopped_because)} · candidates: {len(summaries)}
+· test-case evaluations: {len(results.evaluations)} · {esc(failures.line())}</p>
+{failed_box}
 <p>{headline}</p>
+{warnings}
 {figures}
 <h2>Top candidates</h2>
+<p>{esc(_racing_line(results))} Equal scores are ranked by latency, then cost.</p>
 <table><tr><th>rank</th><th>candidate</th><th>gen</th><th>origin</th><th>mean score</th><th>cases</th>
-<th>latency ms</th><th>cost $</th><th>Pareto</th><th>config</th></tr>{rows}</table>
+<th>errors</th><th>timeouts</th><th>latency ms</th><th>cost $</th><th>Pareto</th><th>config</th>
+<th>top error</th></tr>{rows}</table>
 </body></html>
 """
+
+
+def _wrap(label: str, width: int = 14) -> str:
+    return "\n".join(textwrap.wrap(label, width, break_long_words=True)) or label
 
 
 def _plots(results: RunResults, summaries: list[CandidateSummary]) -> list[tuple[str, str]]:
@@ -277,7 +408,7 @@ def _plots(results: RunResults, summaries: list[CandidateSummary]) -> list[tuple
     def emit(title: str, fig: Any) -> None:
         buf = io.BytesIO()
         fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=90)
+        fig.savefig(buf, format="png", dpi=100)
         plt.close(fig)
         out.append((title, base64.b64encode(buf.getvalue()).decode()))
 
@@ -299,29 +430,66 @@ def _plots(results: RunResults, summaries: list[CandidateSummary]) -> list[tuple
     ax.set_ylabel("candidate mean score")
     emit("Score distribution per generation", fig)
 
-    params = _param_names(summaries)
-    if params:
-        cols = min(3, len(params))
-        rows = math.ceil(len(params) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
-        for ax, p in zip(axes.flat, params, strict=False):
-            xs = [s.config.get(p) for s in summaries]
-            ys = [s.mean_score for s in summaries]
-            if all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs):
-                ax.scatter(xs, ys, s=12, alpha=0.7)
-            else:
-                labels = sorted({str(x) for x in xs})
-                ax.boxplot([[y for x, y in zip(xs, ys, strict=True) if str(x) == v] for v in labels])
-                ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, fontsize=7)
-            ax.set_title(p, fontsize=9)
-        for ax in list(axes.flat)[len(params) :]:
-            ax.axis("off")
-        emit("Parameter effects (candidate mean score)", fig)
+    # One readable panel per parameter (a grid of small ones was unreadable at 100%)
+    for p in _param_names(summaries):
+        xs = [s.config.get(p) for s in summaries]
+        ys = [s.mean_score for s in summaries]
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        if all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs):
+            ax.scatter(xs, ys, s=22, alpha=0.7)
+        else:
+            labels = sorted({json.dumps(x, default=str) if not isinstance(x, str) else x for x in xs})
+            key = [json.dumps(x, default=str) if not isinstance(x, str) else x for x in xs]
+            ax.boxplot([[y for k, y in zip(key, ys, strict=True) if k == v] for v in labels])
+            ax.set_xticks(range(1, len(labels) + 1), [_wrap(v) for v in labels], fontsize=9)
+        ax.set_xlabel(p)
+        ax.set_ylabel("candidate mean score")
+        emit(f"Effect of {p} (candidate mean score)", fig)
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    failing = [s for s in summaries if s.errors]
+    if failing:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        ids = [s.candidate_id for s in summaries[:30]]
+        ok = [s.cases - s.errors for s in summaries[:30]]
+        timeouts = [s.timeouts for s in summaries[:30]]
+        other = [s.errors - s.timeouts for s in summaries[:30]]
+        ax.bar(range(len(ids)), ok, label="scored", color="#4c72b0")
+        ax.bar(range(len(ids)), other, bottom=ok, label="errored", color="#c44e52")
+        ax.bar(
+            range(len(ids)),
+            timeouts,
+            bottom=[a + b for a, b in zip(ok, other, strict=True)],
+            label="timed out",
+            color="#dd8452",
+        )
+        ax.set_xticks(range(len(ids)), [str(i + 1) for i in range(len(ids))], fontsize=8)
+        ax.set_xlabel("candidate rank")
+        ax.set_ylabel("evaluations")
+        ax.legend(loc="upper right", fontsize=8)
+        emit("Evaluations per candidate: scored, errored, timed out", fig)
+
     cost = [s.mean_cost_usd for s in summaries]
     score = [s.mean_score for s in summaries]
     latency = [s.mean_latency_ms for s in summaries]
+    if max(cost) - min(cost) <= 1e-12:
+        # Cost is the same for every candidate (a local model): latency is the trade-off
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        ax.scatter(latency, score, s=22)
+        optimal = [s for s in summaries if s.pareto]
+        ax.scatter(
+            [s.mean_latency_ms for s in optimal],
+            [s.mean_score for s in optimal],
+            marker="x",
+            color="red",
+            s=50,
+            label="Pareto-optimal",
+        )
+        ax.set_xlabel("mean latency per test case (ms)")
+        ax.set_ylabel("mean score")
+        ax.legend(loc="lower right")
+        emit(f"Quality against latency (cost is the same for every candidate: ${cost[0]:.5f})", fig)
+        return out
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
     points = ax.scatter(cost, score, c=latency, cmap="viridis", s=18)
     # Red crosses: Pareto-optimal on all three objectives. Step line: the quality-cost front.
     optimal = [s for s in summaries if s.pareto]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
@@ -51,6 +51,15 @@ def _as_mapping(value: Any, key: str) -> dict[str, Any]:
     return {key: value}
 
 
+def model_urls(config: RunConfig) -> dict[str, str]:
+    """The Convergence's model registry (``api.models``): model key -> URL, for an http target
+    whose URL is picked by the candidate's ``model`` parameter (Azure deployments)."""
+    api = config.api
+    if api.kind != "http" or api.endpoint or not api.models:
+        return {}
+    return {key: str(entry["endpoint"]) for key, entry in api.models.items()}
+
+
 @dataclass(frozen=True)
 class RequestTemplate:
     run_id: str
@@ -59,6 +68,7 @@ class RequestTemplate:
     rubric: str
     timeout_s: float
     cases: dict[str, TestCase]
+    urls: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, run_id: str, config: RunConfig) -> RequestTemplate:
@@ -76,7 +86,13 @@ class RequestTemplate:
             body = api.request.get("body_template", api.request.get("body"))
             if body is not None:
                 target.http.body_template = body if isinstance(body, str) else json.dumps(body)
-            target.http.response_path = str(api.response.get("path", api.response.get("output_path", "")))
+            # result_field is The Convergence's name ("choices[0].message.content")
+            target.http.response_path = str(
+                api.response.get("path", api.response.get("output_path", api.response.get("result_field", "")))
+            )
+            headers = api.request.get("headers")
+            if isinstance(headers, dict):
+                target.http.headers.update({str(k): str(v) for k, v in headers.items()})
             if api.auth.type == "bearer" and api.auth.token_env:
                 target.http.header_envs["Authorization"] = f"Bearer ${{{api.auth.token_env}}}"
             elif api.auth.type == "api_key" and api.auth.token_env:
@@ -87,6 +103,8 @@ class RequestTemplate:
             metric = ev.Metric(name=name, type=_METRIC_TYPES[spec.type], weight=spec.weight or 0.0)
             if spec.callable:
                 metric.callable = spec.callable
+                if spec.signature == "convergence":
+                    metric.method = "convergence"
             if spec.rubric:
                 metric.rubric = spec.rubric
                 rubric = rubric or spec.rubric
@@ -99,13 +117,19 @@ class RequestTemplate:
             target=target,
             metrics=metrics,
             rubric=rubric,
-            timeout_s=config.optimization.execution.timeout_s,
+            timeout_s=config.timeout_s(),
             cases=cases,
+            urls=model_urls(config),
         )
 
     def build(self, candidate_id: str, config: dict[str, Any], test_case_id: str) -> ev.EvaluationRequest:
         case = self.cases[test_case_id]
         rid = request_id(self.run_id, candidate_id, test_case_id)
+        target = self.target
+        if self.urls:  # the candidate's model picks the URL (checked at StartRun)
+            target = ev.Target()
+            target.CopyFrom(self.target)
+            target.http.url = self.urls.get(str(config.get("model")), "")
         return ev.EvaluationRequest(
             meta=EventMeta(event_id=rid, source="optimizer"),
             request_id=rid,
@@ -117,7 +141,7 @@ class RequestTemplate:
                 input=struct_of(_as_mapping(case.input, "prompt")),
                 expected=struct_of(_as_mapping(case.expected, "answer")),
             ),
-            target=self.target,
+            target=target,
             rubric=self.rubric,
             metrics=self.metrics,
             timeout_s=self.timeout_s,

@@ -57,6 +57,11 @@ class EvaluationResultHandler:
                 if problem:
                     outcomes[i] = Reject(problem)
                     continue
+                error = e.error
+                if not error and e.metric_errors and not e.components:
+                    # nothing scored it (a custom metric that raises, the judge away): not a 0 of quality
+                    name, why = sorted(e.metric_errors.items())[0]
+                    error = f"no metric could be computed ({name}: {why})"
                 rows.append(
                     {
                         "run_id": e.run_id,
@@ -64,12 +69,12 @@ class EvaluationResultHandler:
                         "test_case_id": e.test_case_id,
                         "request_id": e.request_id,
                         # A failed evaluation scores 0: a config that breaks the target is a bad config.
-                        "score": 0.0 if e.error else e.score,
+                        "score": 0.0 if error else e.score,
                         "components": _json(dict(e.components)),
                         "latency_ms": e.latency_ms,
                         "cost_usd": e.cost_usd,
                         "output": e.output[:MAX_OUTPUT_CHARS],
-                        "error": e.error,
+                        "error": error,
                         "trace_id": e.trace_id,
                     }
                 )

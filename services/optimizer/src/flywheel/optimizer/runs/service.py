@@ -14,6 +14,7 @@ from flywheel.core.run_policy import RunPolicySettings, policy_problems
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runconfig import RunConfig, RunConfigError, parse_run_config
 from flywheel.optimizer.runs.driver import ARTIFACTS, CANCELLED, RUNNING
+from flywheel.optimizer.runs.requests import model_urls
 
 MAX_LIST = 500
 _SETTING = "FLYWHEEL_OPTIMIZER_RUN_MAX_"
@@ -44,8 +45,22 @@ def policy_refusals(config: RunConfig, policy: RunPolicySettings) -> list[str]:
     if custom is not None and custom.enabled:
         callables.append(("evaluation.custom_evaluator", f"{custom.module}:{custom.function}"))
     urls = [("api.endpoint", api.endpoint)] if api.kind == "http" and api.endpoint else []
+    urls += [(f"api.models.{key}.endpoint", url) for key, url in model_urls(config).items()]
     bases = [("api.api_base", api.api_base or "")] if api.kind == "llm" else []
     return policy_problems(policy, env_vars=envs, callables=callables, urls=urls, llm_api_bases=bases)
+
+
+def evaluator_refusals(config: RunConfig) -> list[str]:
+    """What every request of this run would be refused for by the evaluator anyway."""
+    found = [
+        f"evaluation.metrics.{name}: a custom metric needs a scorer: callable 'package.module:function', or "
+        "evaluation.custom_evaluator (module, function) for The Convergence's function: custom metrics"
+        for name in config.evaluation.unscored()
+    ]
+    api = config.api
+    if api.kind == "http" and not (api.endpoint or "").strip() and not model_urls(config):
+        found.append("api.endpoint: empty; an http target needs the URL to call")
+    return found
 
 
 def size_refusals(config: RunConfig, cases: int, limits: RunLimits) -> list[str]:
@@ -90,7 +105,7 @@ async def start_run(
         parsed = parse_run_config(config)
     except RunConfigError as exc:
         raise InvalidArgument(str(exc)) from None
-    refused = policy_refusals(parsed, policy)
+    refused = policy_refusals(parsed, policy) + evaluator_refusals(parsed)
     inline = parsed.evaluation.test_cases.inline
     if inline is not None and len(inline) > limits.test_cases:  # before augmentation multiplies them
         refused.append(

@@ -67,8 +67,8 @@ class SearchSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.population_size < 2:
-            problems.append("population_size must be at least 2")
+        if self.population_size < 1:  # 1: one config per generation, as The Convergence allowed
+            problems.append("population_size must be at least 1")
         if self.generations < 1:
             problems.append("generations must be at least 1")
         if not 0 <= self.elite_size < self.population_size:

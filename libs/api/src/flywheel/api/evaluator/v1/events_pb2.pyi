@@ -89,9 +89,13 @@ class Target(_message.Message):
         http: Global___HttpTarget | None = ...,
         python_callable: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["llm", "http", "python_callable"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -121,7 +125,9 @@ class LlmTarget(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_base", b"api_base", "api_key_env", b"api_key_env", "model", b"model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "api_base", b"api_base", "api_key_env", b"api_key_env", "model", b"model"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -205,7 +211,20 @@ class HttpTarget(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_template", b"body_template", "header_envs", b"header_envs", "headers", b"headers", "method", b"method", "response_path", b"response_path", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "body_template",
+        b"body_template",
+        "header_envs",
+        b"header_envs",
+        "headers",
+        b"headers",
+        "method",
+        b"method",
+        "response_path",
+        b"response_path",
+        "url",
+        b"url",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,7 +255,10 @@ class Metric(_message.Message):
     target: _builtins.float
     """For latency (ms) and cost (USD): the value that scores 0; 0 means the service default."""
     method: _builtins.str
-    """For METRIC_TYPE_SIMILARITY: "token_f1" (default) or "embedding"."""
+    """For METRIC_TYPE_SIMILARITY: "token_f1" (default) or "embedding". For METRIC_TYPE_CUSTOM:
+    empty calls callable(output, expected, input); "convergence" calls it as The Convergence's
+    custom evaluator, callable(result, expected, params, metric=name).
+    """
     def __init__(
         self,
         *,
@@ -250,7 +272,22 @@ class Metric(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["callable", b"callable", "method", b"method", "name", b"name", "rubric", b"rubric", "target", b"target", "type", b"type", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "callable",
+        b"callable",
+        "method",
+        b"method",
+        "name",
+        b"name",
+        "rubric",
+        b"rubric",
+        "target",
+        b"target",
+        "type",
+        b"type",
+        "weight",
+        b"weight",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -305,7 +342,9 @@ class TestCase(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "input", b"input", "metric_weights", b"metric_weights", "test_case_id", b"test_case_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "expected", b"expected", "input", b"input", "metric_weights", b"metric_weights", "test_case_id", b"test_case_id"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -365,9 +404,34 @@ class EvaluationRequest(_message.Message):
         metrics: _abc.Iterable[Global___Metric] | None = ...,
         timeout_s: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "meta", b"meta", "target", b"target", "test_case", b"test_case"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "config", b"config", "meta", b"meta", "target", b"target", "test_case", b"test_case"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "candidate_id", b"candidate_id", "config", b"config", "meta", b"meta", "metrics", b"metrics", "request_id", b"request_id", "rubric", b"rubric", "run_id", b"run_id", "target", b"target", "test_case", b"test_case", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "attempt",
+        b"attempt",
+        "candidate_id",
+        b"candidate_id",
+        "config",
+        b"config",
+        "meta",
+        b"meta",
+        "metrics",
+        b"metrics",
+        "request_id",
+        b"request_id",
+        "rubric",
+        b"rubric",
+        "run_id",
+        b"run_id",
+        "target",
+        b"target",
+        "test_case",
+        b"test_case",
+        "timeout_s",
+        b"timeout_s",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -486,7 +550,40 @@ class EvaluationResult(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "candidate_id", b"candidate_id", "components", b"components", "cost_usd", b"cost_usd", "error", b"error", "input_tokens", b"input_tokens", "latency_ms", b"latency_ms", "meta", b"meta", "metric_errors", b"metric_errors", "output", b"output", "output_tokens", b"output_tokens", "request_id", b"request_id", "run_id", b"run_id", "score", b"score", "test_case_id", b"test_case_id", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "attempts",
+        b"attempts",
+        "candidate_id",
+        b"candidate_id",
+        "components",
+        b"components",
+        "cost_usd",
+        b"cost_usd",
+        "error",
+        b"error",
+        "input_tokens",
+        b"input_tokens",
+        "latency_ms",
+        b"latency_ms",
+        "meta",
+        b"meta",
+        "metric_errors",
+        b"metric_errors",
+        "output",
+        b"output",
+        "output_tokens",
+        b"output_tokens",
+        "request_id",
+        b"request_id",
+        "run_id",
+        b"run_id",
+        "score",
+        b"score",
+        "test_case_id",
+        b"test_case_id",
+        "trace_id",
+        b"trace_id",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -81,12 +81,28 @@ class Run(_message.Message):
     ARTIFACTS_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    EVALUATIONS_DONE_FIELD_NUMBER: _builtins.int
+    EVALUATIONS_TOTAL_FIELD_NUMBER: _builtins.int
+    EVALUATIONS_FAILED_FIELD_NUMBER: _builtins.int
+    EVALUATIONS_TIMED_OUT_FIELD_NUMBER: _builtins.int
+    TOP_ERRORS_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     state: Global___RunState.ValueType
     generation: _builtins.int
     generations_total: _builtins.int
     best_score: _builtins.float
     error: _builtins.str
+    """Why the run failed (a FAILED run), e.g. "48 of 48 evaluations failed ..."."""
+    evaluations_done: _builtins.int
+    """Evaluations stored so far, and the run's budget."""
+    evaluations_total: _builtins.int
+    evaluations_failed: _builtins.int
+    """Evaluations that failed (the target errored, timed out, or no metric could be computed);
+    a failed evaluation scores 0.
+    """
+    evaluations_timed_out: _builtins.int
+    """Of those, the ones that timed out."""
     @_builtins.property
     def config(self) -> _struct_pb2.Struct:
         """The run configuration (YAML schema, as JSON)."""
@@ -99,6 +115,14 @@ class Run(_message.Message):
 
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def top_errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ErrorCount]:
+        """The most frequent error messages, most frequent first (at most 5)."""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Config fields Flywheel read but does not act on, "field.path: what happens instead"."""
+
     def __init__(
         self,
         *,
@@ -112,14 +136,79 @@ class Run(_message.Message):
         artifacts: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         error: _builtins.str = ...,
+        evaluations_done: _builtins.int = ...,
+        evaluations_total: _builtins.int = ...,
+        evaluations_failed: _builtins.int = ...,
+        evaluations_timed_out: _builtins.int = ...,
+        top_errors: _abc.Iterable[Global___ErrorCount] | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["best_config", b"best_config", "config", b"config", "created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "best_config", b"best_config", "config", b"config", "created_at", b"created_at"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "best_config", b"best_config", "best_score", b"best_score", "config", b"config", "created_at", b"created_at", "error", b"error", "generation", b"generation", "generations_total", b"generations_total", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "artifacts",
+        b"artifacts",
+        "best_config",
+        b"best_config",
+        "best_score",
+        b"best_score",
+        "config",
+        b"config",
+        "created_at",
+        b"created_at",
+        "error",
+        b"error",
+        "evaluations_done",
+        b"evaluations_done",
+        "evaluations_failed",
+        b"evaluations_failed",
+        "evaluations_timed_out",
+        b"evaluations_timed_out",
+        "evaluations_total",
+        b"evaluations_total",
+        "generation",
+        b"generation",
+        "generations_total",
+        b"generations_total",
+        "run_id",
+        b"run_id",
+        "state",
+        b"state",
+        "top_errors",
+        b"top_errors",
+        "warnings",
+        b"warnings",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class ErrorCount(_message.Message):
+    """One error message and how many evaluations of a run failed with it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    message: _builtins.str
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        message: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErrorCount: _TypeAlias = ErrorCount  # noqa: Y015
 
 @_typing.final
 class RunProgress(_message.Message):
@@ -135,6 +224,7 @@ class RunProgress(_message.Message):
     EVALUATIONS_TOTAL_FIELD_NUMBER: _builtins.int
     BEST_SCORE_FIELD_NUMBER: _builtins.int
     BEST_CONFIG_FIELD_NUMBER: _builtins.int
+    EVALUATIONS_FAILED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     state: Global___RunState.ValueType
     generation: _builtins.int
@@ -142,6 +232,8 @@ class RunProgress(_message.Message):
     evaluations_done: _builtins.int
     evaluations_total: _builtins.int
     best_score: _builtins.float
+    evaluations_failed: _builtins.int
+    """Evaluations that failed so far."""
     @_builtins.property
     def best_config(self) -> _struct_pb2.Struct: ...
     def __init__(
@@ -155,10 +247,30 @@ class RunProgress(_message.Message):
         evaluations_total: _builtins.int = ...,
         best_score: _builtins.float = ...,
         best_config: _struct_pb2.Struct | None = ...,
+        evaluations_failed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["best_config", b"best_config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_config", b"best_config", "best_score", b"best_score", "evaluations_done", b"evaluations_done", "evaluations_total", b"evaluations_total", "generation", b"generation", "generations_total", b"generations_total", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "best_config",
+        b"best_config",
+        "best_score",
+        b"best_score",
+        "evaluations_done",
+        b"evaluations_done",
+        "evaluations_failed",
+        b"evaluations_failed",
+        "evaluations_total",
+        b"evaluations_total",
+        "generation",
+        b"generation",
+        "generations_total",
+        b"generations_total",
+        "run_id",
+        b"run_id",
+        "state",
+        b"state",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
