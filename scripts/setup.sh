@@ -26,6 +26,15 @@ stamp_now() {
     sha256sum | cut -d' ' -f1
 }
 
+# Headless Chromium (Debian's package) for the report-rendering test; before the stamp check
+# so a fresh machine gets it even with a venv in place. Quiet, and skipped once installed.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; then
+    echo "could not install chromium (apt-get): the HTML report test (tests/integration/test_run_outcomes.py) needs it" >&2
+  fi
+fi
+
 if [ "${1:-}" != "--force" ] && [ -f .venv/.setup-stamp ] && [ "$(cat .venv/.setup-stamp)" = "$(stamp_now)" ]; then
   exit 0
 fi

@@ -387,13 +387,39 @@ def _artifact_lines(run: runs_pb.Run) -> list[str]:
 
 
 def _print_result(run: runs_pb.Run) -> None:
-    print(
-        f"run {run.run_id} {_state(run.state)} after {run.generation}/{run.generations_total} generations: "
-        f"best score {run.best_score:.4f}"
-    )
-    _print_best_and_results(run)
+    if run.state == runs_pb.RUN_STATE_FAILED:
+        # a failed run's "best" is noise (every candidate scored 0 on errors): no best config
+        print(f"run {run.run_id} failed after {run.generation}/{run.generations_total} generations")
+        _print_failures(run)
+        if run.artifacts:
+            print("results:")
+            print("\n".join(_artifact_lines(run)))
+    else:
+        print(
+            f"run {run.run_id} {_state(run.state)} after {run.generation}/{run.generations_total} generations: "
+            f"best score {run.best_score:.4f}"
+        )
+        _print_failures(run)
+        _print_best_and_results(run)
     if run.artifacts:
         print(f"download them with: flywheel runs download {run.run_id}")
+
+
+def _print_failures(run: runs_pb.Run, indent: str = "") -> None:
+    """'N of M evaluations failed (T timed out)' and the most common errors, when any failed."""
+    if not run.evaluations_failed:
+        return
+    print(
+        f"{indent}{run.evaluations_failed} of {run.evaluations_done} evaluations failed"
+        f" ({run.evaluations_timed_out} timed out)"
+    )
+    for e in run.top_errors[:3]:
+        print(f"{indent}  {e.count} x {_one_line(e.message)}")
+
+
+def _print_warnings(run: runs_pb.Run) -> None:
+    for w in run.warnings:
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def _print_best_and_results(run: runs_pb.Run) -> None:
@@ -555,6 +581,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     log = sys.stderr if args.json else sys.stdout  # --json keeps stdout for the JSON
     with _runs(args) as runs:
         run = runs.start(config)
+        _print_warnings(run)  # config fields read but not acted on: never silence
         if args.no_wait:
             if args.json:
                 print(json.dumps(_run_json(run), indent=2, sort_keys=True))
@@ -616,6 +643,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"best score   {run.best_score:.4f}" if run.generation else "best score   -")
     if run.error:
         print(f"error        {_one_line(run.error)}")
+    print(f"evaluations  {run.evaluations_done} of {run.evaluations_total}")
+    if run.evaluations_failed:
+        print("failed", end="")
+        _print_failures(run, indent="       ")
+    for w in run.warnings:
+        print(f"warning      {w}")
     _print_best_and_results(run)
     return 0
 

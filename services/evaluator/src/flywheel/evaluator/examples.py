@@ -34,3 +34,27 @@ def length_ratio(output: str, expected: dict[str, Any], input: dict[str, Any]) -
     if want == 0:
         return 1.0 if not output else 0.0
     return max(0.0, 1.0 - abs(len(output) - want) / want)
+
+
+def convergence_score(
+    result: Any, expected: dict[str, Any], params: dict[str, Any], metric: str | None = None
+) -> float:
+    """A custom evaluator in The Convergence's form (``evaluation.custom_evaluator``): the share
+    of ``expected.contains`` words found in the result's text (1.0 for a non-empty result when
+    there are none). ``result`` is the target's parsed JSON, or its text."""
+    text = result if isinstance(result, str) else _text_of(result)
+    words = [str(w).lower() for w in (expected or {}).get("contains", []) or []]
+    if not words:
+        return 1.0 if text.strip() else 0.0
+    return sum(w in text.lower() for w in words) / len(words)
+
+
+def _text_of(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("content", "text", "output", "message", "choices"):
+            if key in value:
+                return _text_of(value[key])
+        return " ".join(_text_of(v) for v in value.values())
+    if isinstance(value, list):
+        return " ".join(_text_of(v) for v in value)
+    return "" if value is None else str(value)

@@ -9,6 +9,7 @@ the metric's name (``latency*`` → latency, ``cost*`` → cost), else ``custom`
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -78,6 +79,7 @@ def _kind_from_name(name: str) -> str:
 # Test-case fields The Convergence's files carry for people (and its Agno adapters): kept in
 # metadata, not an error. Other unknown fields still are (a typo of input or expected).
 DESCRIPTIVE_CASE_FIELDS = ("description", "name", "function", "category", "tags", "notes")
+_CASE_FIELDS = ["input", "expected", "metadata"]
 
 
 class TestCase(BaseModel):
@@ -94,7 +96,8 @@ class TestCase(BaseModel):
         if isinstance(data, dict) and "input" not in data:
             # The Convergence's BrowserBase cases put url, selector... at the top: they are the input
             rest = {k: v for k, v in data.items() if k not in ("id", "expected", "metadata", *DESCRIPTIVE_CASE_FIELDS)}
-            if rest:
+            # ...unless one is a misspelt field name ("inptu"): that stays an error naming it
+            if rest and not any(difflib.get_close_matches(str(k), _CASE_FIELDS, cutoff=0.7) for k in rest):
                 data = {k: v for k, v in data.items() if k not in rest} | {"input": rest}
         if isinstance(data, dict) and any(k in data for k in DESCRIPTIVE_CASE_FIELDS):
             data = dict(data)

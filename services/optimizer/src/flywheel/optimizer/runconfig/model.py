@@ -127,6 +127,13 @@ class RunConfig(BaseModel):
                 "optimization.execution.experiments_per_generation: not used; a generation evaluates "
                 "population_size configs on the test cases racing keeps"
             )
+        retry_fields = sorted(execution.model_fields_set & {"max_retries", "retry_delay_seconds"})
+        if retry_fields:
+            out.append(
+                f"optimization.execution.{', optimization.execution.'.join(retry_fields)}: not per run yet; the "
+                "evaluator retries timeouts, 429 and 5xx with its own FLYWHEEL_EVALUATOR_MAX_ATTEMPTS and "
+                "FLYWHEEL_EVALUATOR_RETRY_BACKOFF_S"
+            )
         if self.rate_limiting is not None and self.rate_limiting.backoff_strategy != "exponential":
             out.append("rate_limiting.backoff_strategy: only exponential backoff is supported; it is used")
         return out
