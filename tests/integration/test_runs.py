@@ -108,7 +108,8 @@ async def test_a_run_finds_the_best_config_reports_it_and_takes_a_proposal(launc
         )
         assert best["config"]["prefix"] == ""
         page = (await stub.GetRunArtifact(pb.GetRunArtifactRequest(run_id=run.run_id, name="report.html"))).content
-        assert page.count(b"data:image/png;base64,") == 4
+        # best so far, distribution, one panel per parameter (prefix, delay_s), the Pareto front
+        assert page.count(b"data:image/png;base64,") == 5
         listed = (await stub.ListRuns(pb.ListRunsRequest(limit=10))).runs
         assert [r.run_id for r in listed] == [run.run_id]
 

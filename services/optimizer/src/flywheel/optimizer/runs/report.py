@@ -265,7 +265,9 @@ def _markdown(results: RunResults, summaries: list[CandidateSummary], failures: 
         lines += [f"| {n} | {_cell(m)} |" for m, n in failures.top_errors]
     if results.warnings:
         lines += ["", "## Config warnings", ""] + [f"- {w}" for w in results.warnings]
-    if summaries:
+    if summaries and results.state == "failed":
+        lines += ["", "No best config: the run failed."]
+    elif summaries:
         b = summaries[0]
         lines += [
             "",
@@ -345,6 +347,8 @@ def _html(results: RunResults, summaries: list[CandidateSummary], failures: Outc
     headline = (
         f"Best mean score <b>{best.mean_score:.4f}</b> over {best.cases} test cases"
         f"<pre>{esc(json.dumps(best.config, indent=2, default=str))}</pre>"
+        if best and results.state != "failed"
+        else "No best config: the run failed."
         if best
         else "No candidate was evaluated."
     )
@@ -364,6 +368,7 @@ def _html(results: RunResults, summaries: list[CandidateSummary], failures: Outc
         else ""
     )
     title = esc(results.name or results.run_id)
+    stopped = f" ({esc(results.stopped_because)})" if results.stopped_because else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Flywheel run {title}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}}
@@ -374,7 +379,8 @@ section.bad{{border:2px solid #c00;background:#fff0f0;padding:.5em 1em}}
 section.warn{{border:2px solid #c80;background:#fff8e8;padding:.5em 1em}}
 figure{{display:inline-block;margin:.5em;vertical-align:top}}img{{max-width:560px}}</style></head><body>
 <h1>Run {title}</h1>
-<p>State: <b id="state">{esc(results.state)}</b> {esc(results.stopped_because)} · candidates: {len(summaries)}
+<p>State: <b id="state">{esc(results.state)}</b>{stopped}
+· candidates: {len(summaries)}
 · test-case evaluations: {len(results.evaluations)} · {esc(failures.line())}</p>
 {failed_box}
 <p>{headline}</p>
