@@ -151,7 +151,9 @@ async def test_a_run_whose_evaluations_all_fail_ends_failed_and_says_why(launch,
         run.top_errors[0].message
     )
     assert run.top_errors[0].count == run.evaluations_failed
-    assert run.error.startswith(f"{run.evaluations_failed} of {run.evaluations_done} evaluations failed")
+    # a key missing on the evaluator fails every candidate: the run stops at the first result
+    assert run.error.startswith("the evaluator cannot run this config: environment variable " + MISSING_KEY)
+    assert run.evaluations_done <= 4  # at most the first batch (2 x parallel_workers)
     assert not stand_in.requests  # nothing was sent without its key
     failed_line = f"{run.evaluations_failed} of {run.evaluations_done} evaluations failed (0 timed out)"
     for text in (md, page.decode()):
@@ -169,6 +171,45 @@ async def test_a_run_whose_evaluations_all_fail_ends_failed_and_says_why(launch,
     assert failed_line in seen["text"] and MISSING_KEY in seen["text"]
     assert seen["images"] and all(w > 0 for w in seen["images"]), seen["images"]
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+async def test_a_dead_url_fails_the_run_by_ratio_and_warm_start_skips_failed_runs(launch, stand_in):
+    optimizer = launch("optimizer")
+    launch("evaluator", env={"FLYWHEEL_EVALUATOR_RETRY_BACKOFF_S": "0.01", "FLYWHEEL_EVALUATOR_MAX_ATTEMPTS": "2"})
+    dead = failing_config("http://127.0.0.1:9")  # the discard port: connection refused
+    dead["api"]["auth"] = {"type": "none"}
+    good = failing_config(stand_in.url)  # the same search space, a working target
+    good["api"]["auth"] = {"type": "none"}
+    good["evaluation"]["metrics"] = {"latency_ms": {"weight": 1.0}}
+    with RunsClient(target=optimizer.address) as runs:
+        failed = await asyncio.to_thread(runs.start, dead)
+        failed = await until_ended(runs, failed.run_id)
+        assert failed.state == runs_pb2.RUN_STATE_FAILED
+        assert failed.evaluations_failed == failed.evaluations_done > 0
+        assert failed.error.startswith(
+            f"{failed.evaluations_failed} of {failed.evaluations_done} evaluations failed (more than "
+            "optimization.execution.max_failure_ratio 0.5); most common error"
+        )
+        assert "127.0.0.1:9" in failed.top_errors[0].message and "ConnectError" in failed.top_errors[0].message
+
+        ok = await until_ended(runs, (await asyncio.to_thread(runs.start, good)).run_id)
+        assert ok.state == runs_pb2.RUN_STATE_SUCCEEDED and ok.evaluations_failed == 0
+        first = json.loads((await asyncio.to_thread(runs.artifact, ok.run_id, "detailed_results.json")).content)
+        # ...while a succeeded run on the same space is one (the check above can fail)
+        again = await until_ended(runs, (await asyncio.to_thread(runs.start, good)).run_id)
+        second = json.loads((await asyncio.to_thread(runs.artifact, again.run_id, "detailed_results.json")).content)
+    origins = {c["origin"] for c in first["candidates"]}
+    assert "warm_start" not in origins, origins  # the failed run on the same space was not a prior
+    assert "warm_start" in {c["origin"] for c in second["candidates"]}
+
+
+async def until_ended(runs: RunsClient, run_id: str, timeout_s: float = 120) -> runs_pb2.Run:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            run = await asyncio.to_thread(runs.get, run_id)
+            if run.state != runs_pb2.RUN_STATE_RUNNING:
+                return run
+            await asyncio.sleep(0.5)
 
 
 async def render_in_chromium(page: Path, screenshot: Path) -> dict[str, Any]:

@@ -145,6 +145,7 @@ class RunDriver:
             changed = "search" not in saved
             last_seq = int(saved.get("last_seq", 0))
             failed, stored = int(saved.get("failed", 0)), int(saved.get("stored", 0))
+            fatal = ""
             before = (search.generation, search.evaluations)
             for r in await session.execute(
                 select(
@@ -162,10 +163,12 @@ class RunDriver:
                 last_seq = r.seq
                 stored += 1
                 failed += bool(r.error)
+                fatal = fatal or (r.error if r.error and _config_error(r.error) else "")
                 changed = True
             execution = config.optimization.execution
-            # Every evaluation so far failed (a dead URL, a missing key): stop now, not after the budget
-            doomed = failed == stored >= max(10, 2 * execution.parallel_workers)
+            # Every evaluation so far failed (a dead URL, a missing key): stop now, not after the
+            # budget; one that no candidate can pass (a key not set on the evaluator) stops it at once
+            doomed = bool(fatal) or failed == stored >= max(10, 2 * execution.parallel_workers)
             if not search.done:
                 for injected in await session.execute(_TAKE_INJECTIONS, {"run_id": run_id}):
                     search.inject(list(injected.configs), origin=injected.origin)
@@ -226,7 +229,13 @@ class RunDriver:
                 row.updated_at = func.now()
             finished = search.done or doomed
             if finished:
-                row.stopped_because = "every evaluation failed" if doomed and not search.done else search.done_reason
+                row.stopped_because = (
+                    "the evaluator cannot run this config"
+                    if fatal
+                    else "every evaluation failed"
+                    if doomed and not search.done
+                    else search.done_reason
+                )
             moved = (search.generation, search.evaluations) != before
             progress = progress_message(row)
         if not finished:
@@ -235,7 +244,9 @@ class RunDriver:
             await self._publisher.publish_many(
                 [(self._catalogue.evaluation_request(run_id), r, r.request_id) for r in requests]
             )
-        if finished:
+        if fatal:
+            await self.finish(run_id, state=FAILED, error=f"the evaluator cannot run this config: {fatal}")
+        elif finished:
             await self.finish(run_id)
         elif moved:
             await self._publish_progress(progress)
@@ -385,6 +396,15 @@ def progress_message(row: RunRow) -> runs_pb2.RunProgress:
         best_config=struct_of(row.best_config),
         evaluations_failed=int((row.search_state or {}).get("failed", 0)),
     )
+
+
+# Errors that every candidate of the run would get (the config, not the candidate, is wrong):
+# the evaluator lacks the credential variable, or cannot import the target or a metric.
+_CONFIG_ERRORS = ("is not set on this evaluator", "cannot be imported")
+
+
+def _config_error(error: str) -> bool:
+    return any(marker in error for marker in _CONFIG_ERRORS)
 
 
 def _judge_outcome(results: report.RunResults, config: dict[str, Any]) -> tuple[str, str] | None:
