@@ -67,7 +67,8 @@ async def outcomes(session: AsyncSession, rows: list[RunRow], *, top_errors: boo
     return found
 
 
-def run_message(row: RunRow, outcome: dict[str, Any] | None = None) -> runs_pb2.Run:
+def run_message(row: RunRow, outcome: dict[str, Any] | None = None, *, warnings: bool = True) -> runs_pb2.Run:
+    """A run as the API returns it; ``warnings`` re-reads the stored config (not for lists)."""
     outcome = outcome or {}
     msg = runs_pb2.Run(
         run_id=row.run_id,
@@ -84,7 +85,7 @@ def run_message(row: RunRow, outcome: dict[str, Any] | None = None) -> runs_pb2.
         evaluations_failed=int(outcome.get("failed", (row.search_state or {}).get("failed", 0))),
         evaluations_timed_out=int(outcome.get("timed_out", 0)),
         top_errors=[runs_pb2.ErrorCount(message=m, count=n) for m, n in outcome.get("top", [])],
-        warnings=config_warnings(row.config),
+        warnings=config_warnings(row.config) if warnings else [],
     )
     msg.created_at.FromDatetime(row.created_at)
     return msg
@@ -143,7 +144,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
         async with self._sessions() as session:
             rows = await service.list_runs(session, limit=request.limit, state=state)
             counts = await outcomes(session, rows, top_errors=False)
-        return pb.ListRunsResponse(runs=[run_message(r, counts[r.run_id]) for r in rows])
+        return pb.ListRunsResponse(runs=[run_message(r, counts[r.run_id], warnings=False) for r in rows])
 
     async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
         run_id = _run_id(request.run_id)

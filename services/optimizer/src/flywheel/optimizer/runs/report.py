@@ -247,6 +247,19 @@ def _racing_line(results: RunResults) -> str:
     return RACING_RULE.format(confidence=float(confidence) if isinstance(confidence, int | float) else 0.9)
 
 
+def _metric_notes(results: RunResults) -> list[tuple[str, str]]:
+    """(metric, description) for the metrics the config describes (The Convergence's field)."""
+    evaluation = results.config.get("evaluation") if isinstance(results.config, dict) else None
+    metrics = evaluation.get("metrics") if isinstance(evaluation, dict) else None
+    if not isinstance(metrics, dict):
+        return []
+    return [
+        (str(name), str(spec["description"]))
+        for name, spec in metrics.items()
+        if isinstance(spec, dict) and spec.get("description")
+    ]
+
+
 def _markdown(results: RunResults, summaries: list[CandidateSummary], failures: Outcome) -> str:
     lines = [
         f"# Run {results.name or results.run_id}",
@@ -265,6 +278,9 @@ def _markdown(results: RunResults, summaries: list[CandidateSummary], failures: 
         lines += [f"| {n} | {_cell(m)} |" for m, n in failures.top_errors]
     if results.warnings:
         lines += ["", "## Config warnings", ""] + [f"- {w}" for w in results.warnings]
+    notes = _metric_notes(results)
+    if notes:
+        lines += ["", "## Metrics", ""] + [f"- `{name}`: {text}" for name, text in notes]
     if summaries and results.state == "failed":
         lines += ["", "No best config: the run failed."]
     elif summaries:
@@ -367,6 +383,10 @@ def _html(results: RunResults, summaries: list[CandidateSummary], failures: Outc
         if results.warnings
         else ""
     )
+    notes = _metric_notes(results)
+    if notes:
+        warnings += "<h2>Metrics</h2><ul>" + "".join(f"<li><code>{esc(n)}</code>: {esc(t)}</li>" for n, t in notes)
+        warnings += "</ul>"
     title = esc(results.name or results.run_id)
     stopped = f" ({esc(results.stopped_because)})" if results.stopped_because else ""
     return f"""<!doctype html>
