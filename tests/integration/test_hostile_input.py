@@ -405,7 +405,8 @@ async def good_ope(c: Ctx) -> Message:
     return ope_pb.EstimatePolicyValueRequest(
         endpoint=c.endpoint,
         candidate=ope_pb.CandidatePolicy(
-            distribution=ope_pb.ArmDistribution(probabilities={"small": 0.5, "large": 0.5})
+            # Every arm has weight, so whichever arm the logged decisions chose, the estimate exists.
+            distribution=ope_pb.ArmDistribution(probabilities={"small": 0.25, "large": 0.25, "creative": 0.5})
         ),
         since=ts(int(time.time()) - 3600),
         until=ts(int(time.time()) + 3600),
