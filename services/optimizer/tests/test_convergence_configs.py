@@ -108,10 +108,13 @@ def test_population_one_evolution_and_rate_limits():
         w.startswith("optimization.evolution.elite_size: 2 is not below population_size 1") for w in discord.warnings()
     )
     assert load("agno_gmail").request_interval_s() == pytest.approx(1.2)  # 50 requests per minute
-    assert any(
-        w.startswith("optimization.execution.max_retries, optimization.execution.retry_delay_seconds")
-        for w in load("agno_reddit").warnings()
-    )
+    # max_retries (The Convergence counted every attempt) and retry_delay_seconds go with each request
+    reddit = RequestTemplate.of("run-r", load("agno_reddit"))
+    request = reddit.build("c", {"model": "gpt-4.1"}, next(iter(reddit.cases)))
+    assert (request.max_attempts, request.retry_backoff_s) == (3, 2.0)
+    groq = RequestTemplate.of("run-g", load("groq"))
+    assert (groq.max_attempts, groq.retry_backoff_s) == (5, 0.0)  # 0: the evaluator's default delay
+
     # population 2 with the default elite_size (2) is not refused
     two = load_run_file(next(p for p in CONFIGS if p.parent.name == "llm_chat_openai"))
     two["optimization"]["evolution"] = {"population_size": 2}

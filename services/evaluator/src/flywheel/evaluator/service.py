@@ -83,9 +83,10 @@ class Evaluator:
         try:
             call = await retrying(
                 lambda: self._call_once(req, ctx),
-                attempts=self._settings.max_attempts,
+                # a run may ask for fewer attempts or another first delay, never for more attempts
+                attempts=min(req.max_attempts or self._settings.max_attempts, self._settings.max_attempts),
                 timeout_s=req.timeout_s or self._settings.call_timeout_s,
-                backoff_s=self._settings.retry_backoff_s,
+                backoff_s=req.retry_backoff_s or self._settings.retry_backoff_s,
             )
         except TargetError as exc:
             result.error = str(exc)

@@ -45,6 +45,10 @@ def problems(req: EvaluationRequest, *, policy: RunPolicySettings) -> list[str]:
         found += _non_finite(struct, where)
     if not (math.isfinite(req.timeout_s) and req.timeout_s >= 0):
         found.append(f"timeout_s {req.timeout_s} must be a finite number >= 0")
+    if req.max_attempts < 0:
+        found.append(f"max_attempts {req.max_attempts} must be >= 0")
+    if not (math.isfinite(req.retry_backoff_s) and 0 <= req.retry_backoff_s <= 600):
+        found.append(f"retry_backoff_s {req.retry_backoff_s} must be a finite number in [0, 600]")
     names: set[str] = set()
     for i, metric in enumerate(req.metrics):
         name = metric_name(metric)

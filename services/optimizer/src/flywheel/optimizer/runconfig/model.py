@@ -61,6 +61,13 @@ class RunConfig(BaseModel):
             return float(asked)
         return execution.timeout_s
 
+    def max_attempts(self) -> int:
+        """Calls per evaluation from ``execution.max_retries`` when the config sets it (The
+        Convergence's max_retries counted every attempt, the first included); 0 leaves the
+        evaluator's default. The evaluator caps it at its own FLYWHEEL_EVALUATOR_MAX_ATTEMPTS."""
+        execution = self.optimization.execution
+        return max(1, execution.max_retries) if "max_retries" in execution.model_fields_set else 0
+
     def request_interval_s(self) -> float:
         """Seconds between two evaluation requests of this run (0: no pacing), from
         rate_limiting and execution.delay_between_calls; the strictest wins."""
@@ -126,13 +133,6 @@ class RunConfig(BaseModel):
             out.append(
                 "optimization.execution.experiments_per_generation: not used; a generation evaluates "
                 "population_size configs on the test cases racing keeps"
-            )
-        retry_fields = sorted(execution.model_fields_set & {"max_retries", "retry_delay_seconds"})
-        if retry_fields:
-            out.append(
-                f"optimization.execution.{', optimization.execution.'.join(retry_fields)}: not per run yet; the "
-                "evaluator retries timeouts, 429 and 5xx with its own FLYWHEEL_EVALUATOR_MAX_ATTEMPTS and "
-                "FLYWHEEL_EVALUATOR_RETRY_BACKOFF_S"
             )
         if self.rate_limiting is not None and self.rate_limiting.backoff_strategy != "exponential":
             out.append("rate_limiting.backoff_strategy: only exponential backoff is supported; it is used")

@@ -129,8 +129,10 @@ class ExecutionConfig(BaseModel):
     """How the run's evaluations are carried out. ``max_failure_ratio``: the run ends FAILED
     when more than this share of its evaluations failed (errors and timeouts), and early
     once the first ``max(10, 2 x parallel_workers)`` evaluations all failed.
-    ``delay_between_calls`` (seconds) paces the run like ``rate_limiting``; ``max_retries``
-    and ``retry_delay_seconds`` go with each request to the evaluator."""
+    ``delay_between_calls`` (seconds) paces the run like ``rate_limiting``. ``max_retries``
+    (attempts per evaluation, as The Convergence counted them) and ``retry_delay_seconds``
+    (the first retry's delay, doubling) go with each request to the evaluator, which caps the
+    attempts at its own FLYWHEEL_EVALUATOR_MAX_ATTEMPTS; unset, the evaluator's defaults."""
 
     model_config = ConfigDict(extra="forbid")
 

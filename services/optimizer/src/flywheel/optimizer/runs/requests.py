@@ -69,6 +69,8 @@ class RequestTemplate:
     timeout_s: float
     cases: dict[str, TestCase]
     urls: dict[str, str] = field(default_factory=dict)
+    max_attempts: int = 0  # 0: the evaluator's default
+    retry_backoff_s: float = 0.0
 
     @classmethod
     def of(cls, run_id: str, config: RunConfig) -> RequestTemplate:
@@ -120,6 +122,8 @@ class RequestTemplate:
             timeout_s=config.timeout_s(),
             cases=cases,
             urls=model_urls(config),
+            max_attempts=config.max_attempts(),
+            retry_backoff_s=config.optimization.execution.retry_delay_seconds or 0.0,
         )
 
     def build(self, candidate_id: str, config: dict[str, Any], test_case_id: str) -> ev.EvaluationRequest:
@@ -145,4 +149,6 @@ class RequestTemplate:
             rubric=self.rubric,
             metrics=self.metrics,
             timeout_s=self.timeout_s,
+            max_attempts=self.max_attempts,
+            retry_backoff_s=self.retry_backoff_s,
         )

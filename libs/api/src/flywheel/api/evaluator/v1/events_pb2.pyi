@@ -89,13 +89,9 @@ class Target(_message.Message):
         http: Global___HttpTarget | None = ...,
         python_callable: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"
-    ]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["http", b"http", "kind", b"kind", "llm", b"llm", "python_callable", b"python_callable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["llm", "http", "python_callable"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -125,9 +121,7 @@ class LlmTarget(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "api_base", b"api_base", "api_key_env", b"api_key_env", "model", b"model"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_base", b"api_base", "api_key_env", b"api_key_env", "model", b"model"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -211,20 +205,7 @@ class HttpTarget(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body_template",
-        b"body_template",
-        "header_envs",
-        b"header_envs",
-        "headers",
-        b"headers",
-        "method",
-        b"method",
-        "response_path",
-        b"response_path",
-        "url",
-        b"url",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_template", b"body_template", "header_envs", b"header_envs", "headers", b"headers", "method", b"method", "response_path", b"response_path", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -272,22 +253,7 @@ class Metric(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "callable",
-        b"callable",
-        "method",
-        b"method",
-        "name",
-        b"name",
-        "rubric",
-        b"rubric",
-        "target",
-        b"target",
-        "type",
-        b"type",
-        "weight",
-        b"weight",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callable", b"callable", "method", b"method", "name", b"name", "rubric", b"rubric", "target", b"target", "type", b"type", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -342,9 +308,7 @@ class TestCase(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "expected", b"expected", "input", b"input", "metric_weights", b"metric_weights", "test_case_id", b"test_case_id"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "input", b"input", "metric_weights", b"metric_weights", "test_case_id", b"test_case_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -367,6 +331,8 @@ class EvaluationRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RETRY_BACKOFF_S_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     run_id: _builtins.str
     candidate_id: _builtins.str
@@ -375,6 +341,14 @@ class EvaluationRequest(_message.Message):
     attempt: _builtins.int
     timeout_s: _builtins.float
     """Per-call timeout of the target in seconds; 0 means the evaluator's default."""
+    max_attempts: _builtins.int
+    """Calls per evaluation (1 + retries) on timeouts, connection errors, 429 and 5xx, at most
+    the evaluator's own max_attempts; 0 means the evaluator's default.
+    """
+    retry_backoff_s: _builtins.float
+    """First retry delay in seconds (doubles each retry, with jitter); 0 means the evaluator's
+    default.
+    """
     @_builtins.property
     def meta(self) -> _common_pb2.EventMeta: ...
     @_builtins.property
@@ -403,35 +377,12 @@ class EvaluationRequest(_message.Message):
         attempt: _builtins.int = ...,
         metrics: _abc.Iterable[Global___Metric] | None = ...,
         timeout_s: _builtins.float = ...,
+        max_attempts: _builtins.int = ...,
+        retry_backoff_s: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "config", b"config", "meta", b"meta", "target", b"target", "test_case", b"test_case"
-    ]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "meta", b"meta", "target", b"target", "test_case", b"test_case"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "attempt",
-        b"attempt",
-        "candidate_id",
-        b"candidate_id",
-        "config",
-        b"config",
-        "meta",
-        b"meta",
-        "metrics",
-        b"metrics",
-        "request_id",
-        b"request_id",
-        "rubric",
-        b"rubric",
-        "run_id",
-        b"run_id",
-        "target",
-        b"target",
-        "test_case",
-        b"test_case",
-        "timeout_s",
-        b"timeout_s",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "candidate_id", b"candidate_id", "config", b"config", "max_attempts", b"max_attempts", "meta", b"meta", "metrics", b"metrics", "request_id", b"request_id", "retry_backoff_s", b"retry_backoff_s", "rubric", b"rubric", "run_id", b"run_id", "target", b"target", "test_case", b"test_case", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -550,40 +501,7 @@ class EvaluationResult(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "attempts",
-        b"attempts",
-        "candidate_id",
-        b"candidate_id",
-        "components",
-        b"components",
-        "cost_usd",
-        b"cost_usd",
-        "error",
-        b"error",
-        "input_tokens",
-        b"input_tokens",
-        "latency_ms",
-        b"latency_ms",
-        "meta",
-        b"meta",
-        "metric_errors",
-        b"metric_errors",
-        "output",
-        b"output",
-        "output_tokens",
-        b"output_tokens",
-        "request_id",
-        b"request_id",
-        "run_id",
-        b"run_id",
-        "score",
-        b"score",
-        "test_case_id",
-        b"test_case_id",
-        "trace_id",
-        b"trace_id",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "candidate_id", b"candidate_id", "components", b"components", "cost_usd", b"cost_usd", "error", b"error", "input_tokens", b"input_tokens", "latency_ms", b"latency_ms", "meta", b"meta", "metric_errors", b"metric_errors", "output", b"output", "output_tokens", b"output_tokens", "request_id", b"request_id", "run_id", b"run_id", "score", b"score", "test_case_id", b"test_case_id", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

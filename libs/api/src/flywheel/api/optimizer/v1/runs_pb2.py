@@ -4,15 +4,18 @@
 # source: flywheel/api/optimizer/v1/runs.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "flywheel/api/optimizer/v1/runs.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'flywheel/api/optimizer/v1/runs.proto'
 )
 # @@protoc_insertion_point(imports)
 
@@ -23,25 +26,23 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n$flywheel/api/optimizer/v1/runs.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto"\xd3\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.flywheel.api.optimizer.v1.RunState\x12\'\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ngeneration\x18\x04 \x01(\x05\x12\x19\n\x11generations_total\x18\x05 \x01(\x05\x12\x12\n\nbest_score\x18\x06 \x01(\x01\x12,\n\x0b\x62\x65st_config\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12@\n\tartifacts\x18\x08 \x03(\x0b\x32-.flywheel.api.optimizer.v1.Run.ArtifactsEntry\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x18\n\x10\x65valuations_done\x18\x0b \x01(\x03\x12\x19\n\x11\x65valuations_total\x18\x0c \x01(\x03\x12\x1a\n\x12\x65valuations_failed\x18\r \x01(\x03\x12\x1d\n\x15\x65valuations_timed_out\x18\x0e \x01(\x03\x12\x39\n\ntop_errors\x18\x0f \x03(\x0b\x32%.flywheel.api.optimizer.v1.ErrorCount\x12\x10\n\x08warnings\x18\x10 \x03(\t\x1a\x30\n\x0e\x41rtifactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01",\n\nErrorCount\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03"\x93\x02\n\x0bRunProgress\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.flywheel.api.optimizer.v1.RunState\x12\x12\n\ngeneration\x18\x03 \x01(\x05\x12\x19\n\x11generations_total\x18\x04 \x01(\x05\x12\x18\n\x10\x65valuations_done\x18\x05 \x01(\x03\x12\x19\n\x11\x65valuations_total\x18\x06 \x01(\x03\x12\x12\n\nbest_score\x18\x07 \x01(\x01\x12,\n\x0b\x62\x65st_config\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1a\n\x12\x65valuations_failed\x18\t \x01(\x03*\x9b\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_PENDING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x05\x62\x06proto3'
-)
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$flywheel/api/optimizer/v1/runs.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.flywheel.api.optimizer.v1.RunState\x12\'\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ngeneration\x18\x04 \x01(\x05\x12\x19\n\x11generations_total\x18\x05 \x01(\x05\x12\x12\n\nbest_score\x18\x06 \x01(\x01\x12,\n\x0b\x62\x65st_config\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12@\n\tartifacts\x18\x08 \x03(\x0b\x32-.flywheel.api.optimizer.v1.Run.ArtifactsEntry\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x18\n\x10\x65valuations_done\x18\x0b \x01(\x03\x12\x19\n\x11\x65valuations_total\x18\x0c \x01(\x03\x12\x1a\n\x12\x65valuations_failed\x18\r \x01(\x03\x12\x1d\n\x15\x65valuations_timed_out\x18\x0e \x01(\x03\x12\x39\n\ntop_errors\x18\x0f \x03(\x0b\x32%.flywheel.api.optimizer.v1.ErrorCount\x12\x10\n\x08warnings\x18\x10 \x03(\t\x1a\x30\n\x0e\x41rtifactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\nErrorCount\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\x93\x02\n\x0bRunProgress\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.flywheel.api.optimizer.v1.RunState\x12\x12\n\ngeneration\x18\x03 \x01(\x05\x12\x19\n\x11generations_total\x18\x04 \x01(\x05\x12\x18\n\x10\x65valuations_done\x18\x05 \x01(\x03\x12\x19\n\x11\x65valuations_total\x18\x06 \x01(\x03\x12\x12\n\nbest_score\x18\x07 \x01(\x01\x12,\n\x0b\x62\x65st_config\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1a\n\x12\x65valuations_failed\x18\t \x01(\x03*\x9b\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_PENDING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "flywheel.api.optimizer.v1.runs_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.api.optimizer.v1.runs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_RUN_ARTIFACTSENTRY"]._loaded_options = None
-    _globals["_RUN_ARTIFACTSENTRY"]._serialized_options = b"8\001"
-    _globals["_RUNSTATE"]._serialized_start = 1053
-    _globals["_RUNSTATE"]._serialized_end = 1208
-    _globals["_RUN"]._serialized_start = 131
-    _globals["_RUN"]._serialized_end = 726
-    _globals["_RUN_ARTIFACTSENTRY"]._serialized_start = 678
-    _globals["_RUN_ARTIFACTSENTRY"]._serialized_end = 726
-    _globals["_ERRORCOUNT"]._serialized_start = 728
-    _globals["_ERRORCOUNT"]._serialized_end = 772
-    _globals["_RUNPROGRESS"]._serialized_start = 775
-    _globals["_RUNPROGRESS"]._serialized_end = 1050
+  DESCRIPTOR._loaded_options = None
+  _globals['_RUN_ARTIFACTSENTRY']._loaded_options = None
+  _globals['_RUN_ARTIFACTSENTRY']._serialized_options = b'8\001'
+  _globals['_RUNSTATE']._serialized_start=1053
+  _globals['_RUNSTATE']._serialized_end=1208
+  _globals['_RUN']._serialized_start=131
+  _globals['_RUN']._serialized_end=726
+  _globals['_RUN_ARTIFACTSENTRY']._serialized_start=678
+  _globals['_RUN_ARTIFACTSENTRY']._serialized_end=726
+  _globals['_ERRORCOUNT']._serialized_start=728
+  _globals['_ERRORCOUNT']._serialized_end=772
+  _globals['_RUNPROGRESS']._serialized_start=775
+  _globals['_RUNPROGRESS']._serialized_end=1050
 # @@protoc_insertion_point(module_scope)

@@ -143,44 +143,9 @@ class Run(_message.Message):
         top_errors: _abc.Iterable[Global___ErrorCount] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "best_config", b"best_config", "config", b"config", "created_at", b"created_at"
-    ]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["best_config", b"best_config", "config", b"config", "created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "artifacts",
-        b"artifacts",
-        "best_config",
-        b"best_config",
-        "best_score",
-        b"best_score",
-        "config",
-        b"config",
-        "created_at",
-        b"created_at",
-        "error",
-        b"error",
-        "evaluations_done",
-        b"evaluations_done",
-        "evaluations_failed",
-        b"evaluations_failed",
-        "evaluations_timed_out",
-        b"evaluations_timed_out",
-        "evaluations_total",
-        b"evaluations_total",
-        "generation",
-        b"generation",
-        "generations_total",
-        b"generations_total",
-        "run_id",
-        b"run_id",
-        "state",
-        b"state",
-        "top_errors",
-        b"top_errors",
-        "warnings",
-        b"warnings",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "best_config", b"best_config", "best_score", b"best_score", "config", b"config", "created_at", b"created_at", "error", b"error", "evaluations_done", b"evaluations_done", "evaluations_failed", b"evaluations_failed", "evaluations_timed_out", b"evaluations_timed_out", "evaluations_total", b"evaluations_total", "generation", b"generation", "generations_total", b"generations_total", "run_id", b"run_id", "state", b"state", "top_errors", b"top_errors", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -251,26 +216,7 @@ class RunProgress(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["best_config", b"best_config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "best_config",
-        b"best_config",
-        "best_score",
-        b"best_score",
-        "evaluations_done",
-        b"evaluations_done",
-        "evaluations_failed",
-        b"evaluations_failed",
-        "evaluations_total",
-        b"evaluations_total",
-        "generation",
-        b"generation",
-        "generations_total",
-        b"generations_total",
-        "run_id",
-        b"run_id",
-        "state",
-        b"state",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_config", b"best_config", "best_score", b"best_score", "evaluations_done", b"evaluations_done", "evaluations_failed", b"evaluations_failed", "evaluations_total", b"evaluations_total", "generation", b"generation", "generations_total", b"generations_total", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
