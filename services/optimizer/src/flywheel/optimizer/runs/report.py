@@ -355,8 +355,7 @@ def _html(results: RunResults, summaries: list[CandidateSummary], failures: Outc
         for i, s in enumerate(summaries[:50], 1)
     )
     figures = "".join(
-        f'<figure><img alt="{esc(title)}" src="data:image/png;base64,{png}"/>'
-        f"<figcaption>{esc(title)}</figcaption></figure>"
+        f'<figure><img alt="{esc(title)}" title="{esc(title)}" src="data:image/png;base64,{png}"/></figure>'
         for title, png in plots
     )
     best = summaries[0] if summaries else None
@@ -432,6 +431,8 @@ def _plots(results: RunResults, summaries: list[CandidateSummary]) -> list[tuple
     out = []
 
     def emit(title: str, fig: Any) -> None:
+        # the title on the plot itself: a caption under it read as the next plot's
+        fig.axes[0].set_title("\n".join(textwrap.wrap(title, 60)), fontsize=10)
         buf = io.BytesIO()
         fig.tight_layout()
         fig.savefig(buf, format="png", dpi=100)
