@@ -72,9 +72,7 @@ def string_problem(value: str, *, max_len: int | None = None) -> str | None:
     return None
 
 
-def check_string(
-    value: str, field: str, *, max_len: int | None = None, required: bool = False, what: str = ""
-) -> str:
+def check_string(value: str, field: str, *, max_len: int | None = None, required: bool = False, what: str = "") -> str:
     """Return ``value`` if it fits a text column of ``max_len`` characters; raise :class:`Invalid`."""
     if required and not value:
         raise Invalid(field, f"is empty{f'; give {what}' if what else ''}")
