@@ -22,7 +22,7 @@ PROTO_ROOT = ROOT / "protos"
 OUT_ROOT = ROOT / "libs" / "api" / "src"
 GENERATED_PACKAGE = Path("flywheel") / "api"
 # Hand-written modules that live beside the generated code (wire contracts too).
-HAND_WRITTEN = {"subjects.py", "tls.py", "ports.py"}
+HAND_WRITTEN = {"subjects.py", "tls.py", "ports.py", "values.py"}
 
 
 def generate(out_root: Path) -> None:

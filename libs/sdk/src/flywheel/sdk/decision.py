@@ -33,6 +33,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from flywheel.api.values import plain_number
+
+__all__ = ["Decision", "check_feedback", "plain_number"]
+
 LATENCY_SIGNAL = "latency_ms"
 COST_SIGNAL = "cost_usd"
 ERROR_SIGNAL = "error"
@@ -47,20 +51,6 @@ class Decision:
     arm_id: str
     params: dict[str, Any]
     probability: float
-
-
-_MAX_EXACT_INT = 2**53
-
-
-def plain_number(value: Any) -> Any:
-    """An integral double within +-2**53 as ``int`` (see "Integer params" above); else as given."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_EXACT_INT:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: plain_number(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain_number(v) for v in value]
-    return value
 
 
 def check_feedback(reward: float | None, signals: dict[str, float] | None) -> None:

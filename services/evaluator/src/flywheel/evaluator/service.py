@@ -15,6 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from flywheel.api.common.v1.common_pb2 import EventMeta
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest, EvaluationResult
 from flywheel.api.traces.v1.spans_pb2 import Span
+from flywheel.api.values import struct_to_plain
 from flywheel.core.run_policy import RunPolicySettings
 from flywheel.evaluator import metrics as metric_fns
 from flywheel.evaluator.judge import JudgeClient
@@ -74,8 +75,8 @@ class Evaluator:
         """Run one (valid) request; a target that fails for good gives a result with ``error``."""
         started = datetime.now(UTC)
         ctx = CallContext(
-            input=MessageToDict(req.test_case.input),
-            config=MessageToDict(req.config),
+            input=struct_to_plain(req.test_case.input),
+            config=struct_to_plain(req.config),
             test_case_id=req.test_case.test_case_id,
         )
         result = self.empty_result(req)
@@ -111,7 +112,7 @@ class Evaluator:
             wanted,
             call=call,
             input_=ctx.input,
-            expected=MessageToDict(req.test_case.expected),
+            expected=struct_to_plain(req.test_case.expected),
             rubric=req.rubric,
             judge=self._judge,
             defaults=self._defaults,
