@@ -65,6 +65,16 @@ class _Aborted(Exception):
     """Raised by ``_AioContext.abort``: the call has its status already; pass it through."""
 
 
+def _details(exc: ServiceError) -> str:
+    """The message a caller gets: short enough for a gRPC trailer (16 KiB), however long the
+    value it quotes (a 1 MB name echoed back would end the call with RESOURCE_EXHAUSTED)."""
+    text = str(exc)
+    return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 20] + "... (truncated)"
+
+
+_MAX_DETAILS = 2000
+
+
 def _sync_aborted(context: Any) -> bool:
     """Whether a sync server's context was aborted (its abort raises a bare Exception)."""
     return bool(getattr(getattr(context, "_state", None), "aborted", False))
@@ -136,7 +146,7 @@ class _Guard:
     @staticmethod
     async def _fail(context: grpc.aio.ServicerContext, method: str, exc: ServiceError) -> None:
         RPC_TOTAL.labels(method, exc.code.name).inc()
-        await context.abort(exc.code, str(exc))
+        await context.abort(exc.code, _details(exc))
 
     @staticmethod
     async def _refuse(context: grpc.aio.ServicerContext, method: str) -> None:
@@ -273,7 +283,7 @@ class _Guard:
                     response = fn(request, context)
                 except ServiceError as exc:
                     RPC_TOTAL.labels(method, exc.code.name).inc()
-                    context.abort(exc.code, str(exc))
+                    context.abort(exc.code, _details(exc))
                 except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
                     if _sync_aborted(context):
                         raise

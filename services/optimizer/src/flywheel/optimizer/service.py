@@ -112,6 +112,8 @@ async def create_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
 
 async def update_endpoint(session: AsyncSession, *, spec: EndpointSpec) -> None:
     """Change description, policy and reward spec; arms are left as they are."""
+    check_string(spec.name, "endpoint.name", max_len=ENDPOINT_CHARS, required=True)
+    check_string(spec.description, "endpoint.description", max_len=4096)
     row, arms = await endpoint_rows(session, name=spec.name)
     current = PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
     check_policy(spec.policy, n_arms=len(arms), bounded=spec.bounded)

@@ -56,6 +56,11 @@ class DecisionBatchHandler:
         self._sessions = sessions
 
     async def __call__(self, batch: DecisionBatch, delivery: Delivery) -> None:
+        try:
+            check_timestamp(batch.meta.time, "meta.time")
+            check_string(batch.meta.event_id, "meta.event_id", max_len=EVENT_ID_CHARS)
+        except InvalidArgument as exc:
+            raise Reject(f"the batch: {exc}") from None
         rows, invalid, reasons = [], [], []
         for i, event in enumerate(batch.decisions):
             try:

@@ -165,6 +165,9 @@ def find_cycle(links: Mapping[str, str]) -> str | None:
 def validate_batch(batch: SpanBatch, *, default_agent: str = "", limits: Limits = Limits()) -> list[Span]:
     """Check every span of a batch (filling ``agent`` from the subject when empty) and the
     parent links inside it; raise :class:`InvalidSpan` for the first problem found."""
+    problem = string_problem(batch.meta.event_id, max_len=128)
+    if problem is not None:
+        raise InvalidSpan(f"meta.event_id {problem}")
     if not batch.spans:
         raise InvalidSpan("the batch has no spans")
     if len(batch.spans) > limits.max_spans_per_batch:

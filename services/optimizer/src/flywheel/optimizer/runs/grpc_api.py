@@ -17,7 +17,7 @@ from flywheel.api.optimizer.v1 import runs_pb2
 from flywheel.core.errors import InvalidArgument
 from flywheel.core.objects import ObjectStore
 from flywheel.core.run_policy import RunPolicySettings
-from flywheel.core.validation import check_string, check_struct
+from flywheel.core.validation import check_enum, check_string, check_struct
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runs import service
 from flywheel.optimizer.runs.driver import (
@@ -140,6 +140,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
             return pb.GetRunResponse(run=await _full(session, row))
 
     async def ListRuns(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        check_enum(request.state, runs_pb2.RunState, "state")
         state = _STATE_NAMES.get(request.state) if request.state else None
         async with self._sessions() as session:
             rows = await service.list_runs(session, limit=request.limit, state=state)
