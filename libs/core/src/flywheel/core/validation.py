@@ -228,3 +228,60 @@ def check_plain(value: Any, field: str, *, max_depth: int = MAX_STRUCT_DEPTH) ->
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             check_plain(item, f"{field}[{i}]", max_depth=max_depth - 1)
+
+
+def find_invalid_utf8(descriptor: Any, data: bytes, path: str = "", depth: int = 0) -> str | None:
+    """The path of the first string field of ``data`` (a serialized ``descriptor`` message) that
+    is not valid UTF-8, or None. protobuf refuses such a message whole without naming the field;
+    this walks the wire format so the caller can be told which one (``context.fields[0].value``)."""
+    if depth > 100:
+        return None
+    counts: dict[int, int] = {}
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            tag, pos = _varint(data, pos)
+            number, wire = tag >> 3, tag & 7
+            if wire == 0:
+                _, pos = _varint(data, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            elif wire == 2:
+                size, pos = _varint(data, pos)
+                chunk, pos = data[pos : pos + size], pos + size
+                field = descriptor.fields_by_number.get(number)
+                if field is None:
+                    continue
+                index = counts[number] = counts.get(number, -1) + 1
+                name = f"{path}.{field.name}" if path else field.name
+                if field.is_repeated:
+                    name = f"{name}[{index}]"
+                if field.type == field.TYPE_STRING:
+                    try:
+                        chunk.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return name
+                elif field.type == field.TYPE_MESSAGE:
+                    found = find_invalid_utf8(field.message_type, chunk, name, depth + 1)
+                    if found is not None:
+                        return found
+            else:
+                return None  # groups: not used by these APIs
+    except IndexError:
+        return None
+    return None
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
