@@ -117,3 +117,29 @@ async def test_a_bridged_call_that_never_finishes_ends_at_its_deadline(address):
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert loop.time() - started < 5
         await stub.GetEndpoint(pb.GetEndpointRequest(name="ok"))
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            low, n = n & 0x7F, n >> 7
+            out.append(low | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_too_deep_and_bad_utf8_are_named_by_the_wire_walk():
+    from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
+    from flywheel.core.validation import undecodable_reason
+
+    struct = b""
+    for _ in range(150):  # context nested 150 levels: protobuf refuses it without naming it
+        struct = _ld(1, _ld(1, b"k") + _ld(2, _ld(5, struct)))
+    reason = undecodable_reason(sel_pb.SelectRequest.DESCRIPTOR, _ld(1, b"e") + _ld(3, struct))
+    assert reason is not None and reason.startswith("context.fields[0].value.struct_value")
+    assert reason.endswith("is nested more than 90 messages deep")
+    batch = _ld(1, _ld(1, b"e")) + _ld(1, _ld(1, b"e") + _ld(2, b"\xff\xfe"))
+    assert undecodable_reason(sel_pb.SelectBatchRequest.DESCRIPTOR, batch) == "requests[1].user_id: is not valid UTF-8"

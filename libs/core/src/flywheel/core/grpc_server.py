@@ -23,7 +23,7 @@ from flywheel.core.errors import InvalidArgument, ServiceError
 from flywheel.core.logging import bound, get_logger
 from flywheel.core.metrics import RPC_SECONDS, RPC_TOTAL
 from flywheel.core.settings import ServiceSettings
-from flywheel.core.validation import find_invalid_utf8
+from flywheel.core.validation import undecodable_reason
 
 log = get_logger(__name__)
 
@@ -38,15 +38,15 @@ class _Undecodable:
     """What the guarded deserializer returns for bytes that do not parse: the method then
     answers INVALID_ARGUMENT (grpc's own answer to a raising deserializer is INTERNAL)."""
 
-    __slots__ = ("bad_field", "message")
+    __slots__ = ("message", "reason")
 
-    def __init__(self, message: str, bad_field: str | None = None) -> None:
+    def __init__(self, message: str, reason: str | None = None) -> None:
         self.message = message
-        self.bad_field = bad_field
+        self.reason = reason
 
     def error(self) -> InvalidArgument:
-        if self.bad_field:
-            return InvalidArgument(f"{self.bad_field}: is not valid UTF-8 (request {self.message})")
+        if self.reason:
+            return InvalidArgument(f"{self.reason} (request {self.message})")
         return InvalidArgument(f"request body is not a valid {self.message}")
 
 
@@ -62,7 +62,7 @@ def _guarded_deserializer(deserializer: Callable[[bytes], Any] | None) -> Callab
             return deserializer(data)
         except Exception:  # noqa: BLE001 - DecodeError, invalid UTF-8 in a string field, ...
             # Only now, on the failure path: find the string field with bad UTF-8, if that is it.
-            return _Undecodable(name, find_invalid_utf8(descriptor, data) if descriptor is not None else None)
+            return _Undecodable(name, undecodable_reason(descriptor, data) if descriptor is not None else None)
 
     return deserialize
 

@@ -230,12 +230,13 @@ def check_plain(value: Any, field: str, *, max_depth: int = MAX_STRUCT_DEPTH) ->
             check_plain(item, f"{field}[{i}]", max_depth=max_depth - 1)
 
 
-def find_invalid_utf8(descriptor: Any, data: bytes, path: str = "", depth: int = 0) -> str | None:
-    """The path of the first string field of ``data`` (a serialized ``descriptor`` message) that
-    is not valid UTF-8, or None. protobuf refuses such a message whole without naming the field;
-    this walks the wire format so the caller can be told which one (``context.fields[0].value``)."""
-    if depth > 100:
-        return None
+def undecodable_reason(descriptor: Any, data: bytes, path: str = "", depth: int = 0) -> str | None:
+    """Why protobuf refused ``data`` (a serialized ``descriptor`` message), naming the field:
+    ``user_id: is not valid UTF-8`` or ``context...: is nested more than 90 messages deep``;
+    None when the walk finds neither (then the bytes are simply not that message). protobuf
+    refuses such a message whole without naming the field; this walks the wire format."""
+    if depth > 90:  # protobuf's own recursion limit is 100
+        return f"{path[:60] + '...' if len(path) > 60 else path or '<root>'}: is nested more than 90 messages deep"
     counts: dict[int, int] = {}
     pos, end = 0, len(data)
     try:
@@ -262,9 +263,9 @@ def find_invalid_utf8(descriptor: Any, data: bytes, path: str = "", depth: int =
                     try:
                         chunk.decode("utf-8")
                     except UnicodeDecodeError:
-                        return name
+                        return f"{name}: is not valid UTF-8"
                 elif field.type == field.TYPE_MESSAGE:
-                    found = find_invalid_utf8(field.message_type, chunk, name, depth + 1)
+                    found = undecodable_reason(field.message_type, chunk, name, depth + 1)
                     if found is not None:
                         return found
             else:

@@ -8,6 +8,8 @@ from typing import TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
+from flywheel.core.validation import undecodable_reason
+
 CONTENT_TYPE = "Content-Type"
 PROTOBUF = "application/protobuf"
 JSON = "application/json"
@@ -43,5 +45,8 @@ def decode(payload: bytes, headers: dict[str, str] | None, message_type: type[M]
     try:
         message.ParseFromString(payload)
     except DecodeError as exc:
-        raise MalformedEvent(f"invalid protobuf for {message.DESCRIPTOR.full_name}: {exc}") from exc
+        # Name the field when the walk finds it (bad UTF-8, nesting too deep).
+        reason = undecodable_reason(message.DESCRIPTOR, payload)
+        detail = f"{reason}" if reason else str(exc)
+        raise MalformedEvent(f"invalid protobuf for {message.DESCRIPTOR.full_name}: {detail}") from exc
     return message
