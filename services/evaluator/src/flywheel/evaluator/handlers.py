@@ -20,9 +20,10 @@ from flywheel.api.traces.v1.spans_pb2 import SpanBatch
 from flywheel.core.bus.consumer import Delivery, Reject
 from flywheel.core.bus.publisher import Publisher
 from flywheel.core.logging import bound, get_logger
+from flywheel.core.validation import string_problem
 from flywheel.evaluator.service import Evaluator
 from flywheel.evaluator.tracing import AGENT
-from flywheel.evaluator.validation import problems
+from flywheel.evaluator.validation import MAX_ID_CHARS, problems
 
 log = get_logger(__name__)
 
@@ -65,7 +66,7 @@ class EvaluationHandler:
             subject = self._catalogue.evaluation_result(req.run_id)
         except ValueError:
             return
-        if not req.request_id or len(req.request_id) > 200:
+        if not req.request_id or string_problem(req.request_id, max_len=MAX_ID_CHARS):
             return
         result = self._evaluator.empty_result(req)
         result.error = reason

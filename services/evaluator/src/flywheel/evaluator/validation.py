@@ -13,8 +13,11 @@ from google.protobuf.struct_pb2 import ListValue, Struct, Value
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest, Metric, MetricType
 from flywheel.api.subjects import subject_token
 from flywheel.core.run_policy import RunPolicySettings, policy_problems
+from flywheel.core.validation import string_problem
 
 SIMILARITY_METHODS = ("", "token_f1", "embedding")
+# Ids are stored in the optimizer's run_evaluations and named in NATS message ids.
+MAX_ID_CHARS = 200
 
 
 def metric_name(metric: Metric) -> str:
@@ -27,8 +30,14 @@ def problems(req: EvaluationRequest, *, policy: RunPolicySettings) -> list[str]:
     found: list[str] = []
     if not req.request_id:
         found.append("request_id is empty (it is the idempotency key of the result)")
-    elif len(req.request_id) > 200:
-        found.append("request_id is longer than 200 characters")
+    for field, value in (
+        ("request_id", req.request_id),
+        ("candidate_id", req.candidate_id),
+        ("test_case.test_case_id", req.test_case.test_case_id),
+    ):
+        problem = string_problem(value, max_len=MAX_ID_CHARS)
+        if problem:
+            found.append(f"{field} {problem}")
     try:
         subject_token(req.run_id, what="run_id")
     except ValueError as exc:

@@ -101,8 +101,9 @@ def _check_span(span: Span, limits: Limits) -> None:
         problem = string_problem(getattr(span, name), max_len=width)
         if problem is not None:
             raise refuse(f"{name} {problem}")
-    if span.input_tokens < 0 or span.output_tokens < 0:
-        raise refuse("token counts must be >= 0")
+    for name in ("input_tokens", "output_tokens"):
+        if getattr(span, name) < 0:
+            raise refuse(f"{name} must be >= 0, got {getattr(span, name)}")
     if span.HasField("reward") and not (
         math.isfinite(span.reward) and math.isfinite(span.reward_min) and math.isfinite(span.reward_max)
     ):

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationResult
 from flywheel.core.bus.consumer import Delivery, Reject
+from flywheel.core.validation import Invalid, check_number, check_numbers
 
 _KNOWN = text(
     "SELECT r.run_id, c.candidate_id FROM run_candidates c JOIN runs r USING (run_id)"
@@ -90,6 +91,14 @@ def _problem(e: EvaluationResult, known: set[tuple[str, str]]) -> str:
         return f"unknown run {e.run_id!r} or candidate {e.candidate_id!r}"
     if not e.error and not (math.isfinite(e.score) and 0.0 <= e.score <= 1.0):
         return f"score must be a finite number in [0, 1], got {e.score}"
+    try:
+        # Stored for the search and the report: an infinite latency or a NaN component would
+        # sort, average and plot as garbage.
+        check_number(e.latency_ms, "latency_ms", min_value=0.0)
+        check_number(e.cost_usd, "cost_usd", min_value=0.0)
+        check_numbers(e.components, "components")
+    except Invalid as exc:
+        return str(exc)
     return ""
 
 
