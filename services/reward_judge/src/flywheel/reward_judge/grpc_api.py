@@ -11,6 +11,7 @@ from flywheel.api.reward.v1 import reward_judge_service_pb2 as pb
 from flywheel.api.reward.v1 import reward_judge_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1 import spans_pb2
 from flywheel.core.errors import InvalidArgument
+from flywheel.core.validation import MAX_KEY_CHARS, Invalid, check_enum, check_number, check_string, struct_to_dict
 from flywheel.reward_judge import rubric as rubrics
 from flywheel.reward_judge.aggregation import Method, Signal, aggregate, pareto_ranks
 from flywheel.reward_judge.reliability import StatsSink
@@ -40,6 +41,14 @@ class RequestLimits:
     max_trace_spans: int = 100_000
     max_text_chars: int = 100_000
 
+
+# A candidate id, a span name and a judge_id are names, not texts: as wide as the
+# judge_stats.judge_id column (and the trace store's span name) so they stay printable.
+MAX_ID_CHARS = 256
+MAX_SPAN_NAME_CHARS = 1024
+# A span's attributes, serialized: the trace store's limit, so no span it would refuse
+# makes the judge walk more.
+MAX_ATTRIBUTES_BYTES = 64 * 1024
 
 _KIND_FROM_PB = {
     pb.JUDGE_KIND_UNSPECIFIED: LLM,
@@ -131,14 +140,26 @@ def rubric_from_message(m: pb.Rubric) -> rubrics.Rubric:
     )
 
 
-def span_view(s: spans_pb2.Span) -> SpanView:
-    from google.protobuf.json_format import MessageToDict
-
+def span_view(s: spans_pb2.Span, field: str = "span") -> SpanView:
+    """What the trace rewards read from a span, refusing (naming ``field``) what is not a
+    span: unknown enums, NUL or over-long names, non-finite numbers, negative token counts,
+    attributes with NaN, NUL, too deep or too large."""
+    check_enum(s.kind, spans_pb2.SpanKind, f"{field}.kind")
+    check_enum(s.status, spans_pb2.SpanStatus, f"{field}.status")
+    check_string(s.name, f"{field}.name", max_len=MAX_SPAN_NAME_CHARS)
+    if s.HasField("reward"):
+        check_number(s.reward, f"{field}.reward")
+    check_number(s.reward_min, f"{field}.reward_min")
+    check_number(s.reward_max, f"{field}.reward_max")
+    check_number(s.input_tokens, f"{field}.input_tokens", min_value=0)
+    check_number(s.output_tokens, f"{field}.output_tokens", min_value=0)
     return SpanView(
         kind=_SPAN_KIND.get(s.kind, "unknown"),
         name=s.name,
         ok=s.status != spans_pb2.SPAN_STATUS_ERROR,
-        attributes=MessageToDict(s.attributes) if s.HasField("attributes") else {},
+        attributes=struct_to_dict(s.attributes, f"{field}.attributes", max_bytes=MAX_ATTRIBUTES_BYTES)
+        if s.HasField("attributes")
+        else {},
         tokens=int(s.input_tokens + s.output_tokens),
         reward=s.reward if s.HasField("reward") else None,
         reward_min=s.reward_min,
@@ -205,12 +226,22 @@ class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
             )
         method = _method(request.method)
         results = []
+        first_of: dict[str, int] = {}
         for i, cand in enumerate(request.candidates):
+            field = f"AggregateRequest.candidates[{i}]"
+            check_string(cand.id, f"{field}.id", max_len=MAX_ID_CHARS)
+            # Results are matched to candidates by id: two with one id cannot be told apart.
+            # Ids are optional (results keep the request's order), so only given ids must differ.
+            if cand.id and first_of.setdefault(cand.id, i) != i:
+                first = first_of[cand.id]
+                raise Invalid(f"{field}.id", f"{cand.id!r} is also candidates[{first}].id; ids must be unique")
             if len(cand.signals) > lim.max_signals_per_candidate:
                 raise InvalidArgument(
-                    f"AggregateRequest.candidates[{i}].signals has {len(cand.signals):,}; at most "
+                    f"{field}.signals has {len(cand.signals):,}; at most "
                     f"{lim.max_signals_per_candidate} (FLYWHEEL_REWARD_JUDGE_MAX_SIGNALS_PER_CANDIDATE)"
                 )
+            for k, s in enumerate(cand.signals):
+                check_string(s.name, f"{field}.signals[{k}].name", max_len=MAX_KEY_CHARS)
             signals = [
                 Signal(
                     s.name,
@@ -245,7 +276,8 @@ class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
                 f"{self._limits.max_trace_spans:,} (FLYWHEEL_REWARD_JUDGE_MAX_TRACE_SPANS)"
             )
         check_text("TraceRewardRequest.answer", request.answer, max_chars=self._limits.max_text_chars, required=False)
-        agg, signals = trace_reward([span_view(s) for s in request.spans], request.answer, _method(request.method))
+        views = [span_view(s, f"TraceRewardRequest.spans[{i}]") for i, s in enumerate(request.spans)]
+        agg, signals = trace_reward(views, request.answer, _method(request.method))
         return pb.TraceRewardResponse(
             total=agg.total,
             components=[
@@ -292,6 +324,7 @@ class RewardJudgeServicer(pb_grpc.RewardJudgeServiceServicer):
     async def GetReliability(
         self, request: pb.GetReliabilityRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetReliabilityResponse:
+        check_string(request.judge_id, "GetReliabilityRequest.judge_id", max_len=MAX_ID_CHARS)
         figures = await self._stats.figures(request.judge_id)
         return pb.GetReliabilityResponse(
             judges=[

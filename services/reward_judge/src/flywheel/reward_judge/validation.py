@@ -1,13 +1,19 @@
-"""Request checks shared by Score, Rank and Compare: each failure says what to fix."""
+"""Request checks shared by Score, Rank and Compare: each failure says what to fix.
+
+What every service refuses (NUL bytes, lone surrogates) comes from
+:mod:`flywheel.core.validation`; the judge adds its own length limit and emptiness rule."""
 
 from __future__ import annotations
 
 import math
 
 from flywheel.core.errors import InvalidArgument
+from flywheel.core.validation import check_string
 
 
 def check_text(field: str, value: str, *, max_chars: int, required: bool = True) -> None:
+    """A text the judge reads: present when ``required``, at most ``max_chars``, storable
+    (it is hashed into the cache key and sent to models, so no NUL or lone surrogate)."""
     if required and not value.strip():
         raise InvalidArgument(f"{field} is empty; send the text to judge")
     if len(value) > max_chars:
@@ -15,6 +21,7 @@ def check_text(field: str, value: str, *, max_chars: int, required: bool = True)
             f"{field} is {len(value):,} characters; the judge takes at most {max_chars:,} "
             "(FLYWHEEL_REWARD_JUDGE_MAX_TEXT_CHARS); truncate or summarise it first"
         )
+    check_string(value, field)
 
 
 def check_group(responses: list[str], *, max_size: int, max_chars: int) -> None:
