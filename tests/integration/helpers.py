@@ -40,3 +40,24 @@ async def eventually(
         await asyncio.sleep(interval_s)
         value = await probe()
     return value
+
+
+async def collect(js, subject: str, stream: str, message_type, count: int, timeout_s: float = 60.0) -> list:
+    """Read messages from a stream until ``count`` arrived (then a short grace for extras)."""
+    sub = await js.pull_subscribe(subject, stream=stream)
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                batch = await sub.fetch(100, timeout=1.0 if len(got) < count else 0.5)
+            except Exception:
+                if len(got) >= count:
+                    break
+                continue
+            for msg in batch:
+                got.append(message_type.FromString(msg.data))
+                await msg.ack()
+        return got
+    finally:
+        await sub.unsubscribe()

@@ -30,6 +30,8 @@ from flywheel.api.evaluator.v1.events_pb2 import (
 from flywheel.api.subjects import Catalogue
 from flywheel.api.traces.v1.spans_pb2 import SpanBatch, SpanKind
 
+from .helpers import collect
+
 pytestmark = pytest.mark.integration
 
 ECHO = "flywheel.evaluator.examples:echo"
@@ -69,27 +71,6 @@ def request(
 
 async def publish(js, catalogue: Catalogue, requests: list[EvaluationRequest]) -> None:
     await asyncio.gather(*(js.publish(catalogue.evaluation_request(r.run_id), r.SerializeToString()) for r in requests))
-
-
-async def collect(js, subject: str, stream: str, message_type, count: int, timeout_s: float = 60.0) -> list:
-    """Read messages from a stream until ``count`` arrived (then a short grace for extras)."""
-    sub = await js.pull_subscribe(subject, stream=stream)
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            try:
-                batch = await sub.fetch(100, timeout=1.0 if len(got) < count else 0.5)
-            except Exception:
-                if len(got) >= count:
-                    break
-                continue
-            for msg in batch:
-                got.append(message_type.FromString(msg.data))
-                await msg.ack()
-        return got
-    finally:
-        await sub.unsubscribe()
 
 
 def stream(catalogue: Catalogue, suffix: str) -> str:

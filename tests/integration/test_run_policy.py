@@ -37,6 +37,8 @@ from flywheel.api.optimizer.v1 import runs_pb2
 from flywheel.api.subjects import Catalogue
 from flywheel.stack.services import health_status
 
+from .helpers import collect
+
 pytestmark = pytest.mark.integration
 
 ECHO = "flywheel.evaluator.examples:echo"
@@ -214,27 +216,6 @@ def request(
         target=target,
         metrics=metrics or [],
     )
-
-
-async def collect(js, subject: str, stream: str, message_type, count: int, timeout_s: float = 60.0) -> list:
-    """Read messages from a stream until ``count`` arrived (then a short grace for extras)."""
-    sub = await js.pull_subscribe(subject, stream=stream)
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            try:
-                batch = await sub.fetch(100, timeout=1.0 if len(got) < count else 0.5)
-            except Exception:
-                if len(got) >= count:
-                    break
-                continue
-            for msg in batch:
-                got.append(message_type.FromString(msg.data))
-                await msg.ack()
-        return got
-    finally:
-        await sub.unsubscribe()
 
 
 async def publish_and_collect(nats_client, namespace: str, requests: list[EvaluationRequest], letters: int):
