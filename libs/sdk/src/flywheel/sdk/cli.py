@@ -480,17 +480,15 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _failed_count(message: Any) -> int | None:
-    """``evaluations_failed`` of a Run or RunProgress, where the optimizer's API carries it."""
-    if "evaluations_failed" in message.DESCRIPTOR.fields_by_name:
-        return int(message.evaluations_failed)
-    return None
+def _failed_count(message: runs_pb.Run | runs_pb.RunProgress) -> int:
+    """How many of the run's evaluations have failed so far."""
+    return int(message.evaluations_failed)
 
 
 def _finish_bar(bar: Any, run: runs_pb.Run, last: runs_pb.RunProgress | None, log: Any) -> None:
     """Close the bar as the run ended: at 100% on success, with the evaluations that failed."""
     done = last.evaluations_done if last is not None else int(bar.n)
-    failed = _failed_count(run) or (_failed_count(last) if last is not None else None) or 0
+    failed = _failed_count(run) or (_failed_count(last) if last is not None else 0)
     if run.state == runs_pb.RUN_STATE_SUCCEEDED:
         budget = int(bar.total or 0)
         # The total is the run's budget; racing drops losing candidates after a few cases and
