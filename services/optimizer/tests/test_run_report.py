@@ -128,3 +128,18 @@ def test_ties_break_by_latency_then_cost_and_constant_cost_plots_latency():
     assert [s.candidate_id for s in summarize(r)] == ["fast", "slow"]
     page = render(r)["report.html"].decode()
     assert "Quality against latency (cost is the same for every candidate" in page
+
+
+def test_best_so_far_never_rises_above_the_best_fully_evaluated_candidate():
+    # c4 was raced out after one lucky case (1.0): its mean is not comparable to c2's 0.9 over two.
+    base = results()
+    raced = RunResults(
+        run_id=base.run_id,
+        name=base.name,
+        config=base.config,
+        candidates=[*base.candidates, Candidate("c4", 1, {"model": "large", "temperature": 1.0})],
+        evaluations=[*base.evaluations, Evaluation("c4", 1, "case-0", 1.0, latency_ms=100, cost_usd=0.01)],
+    )
+    files = render(raced)
+    assert json.loads(files["best_config.json"])["mean_score"] == 0.9
+    assert json.loads(files["detailed_results.json"])["best_so_far"] == [[0, 0.9], [1, 0.9]]

@@ -180,13 +180,20 @@ def _dominates(a: CandidateSummary, b: CandidateSummary) -> bool:
 
 
 def best_so_far(results: RunResults) -> list[tuple[int, float]]:
-    """(generation, best mean score among candidates seen up to it), fully evaluated or not."""
+    """(generation, best mean score among the fully evaluated candidates seen up to it).
+
+    Racing drops a candidate after a few cases, and a mean over three lucky cases can beat the
+    best config's mean over all of them: counting those would draw a curve above the result the
+    run reports. A generation whose candidates were all dropped early carries the best forward."""
     summaries = summarize(results)
-    generations = sorted({s.generation for s in summaries})
+    if not summaries:
+        return []
+    full = max(s.cases for s in summaries)
     out, best = [], -math.inf
-    for g in generations:
-        best = max([best, *(s.mean_score for s in summaries if s.generation == g)])
-        out.append((g, best))
+    for g in sorted({s.generation for s in summaries}):
+        best = max([best, *(s.mean_score for s in summaries if s.generation == g and s.cases >= full)])
+        if math.isfinite(best):
+            out.append((g, best))
     return out
 
 
