@@ -81,6 +81,8 @@ class _PolicyStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PolicySt
     POLICY_STATUS_ACTIVE: _PolicyStatus.ValueType  # 3
     POLICY_STATUS_RETIRED: _PolicyStatus.ValueType  # 4
     POLICY_STATUS_ROLLED_BACK: _PolicyStatus.ValueType  # 5
+    POLICY_STATUS_FAILED: _PolicyStatus.ValueType  # 6
+    """Failed its evaluation or could not be loaded: never promoted."""
 
 class PolicyStatus(_PolicyStatus, metaclass=_PolicyStatusEnumTypeWrapper): ...
 
@@ -90,6 +92,8 @@ POLICY_STATUS_CANARY: PolicyStatus.ValueType  # 2
 POLICY_STATUS_ACTIVE: PolicyStatus.ValueType  # 3
 POLICY_STATUS_RETIRED: PolicyStatus.ValueType  # 4
 POLICY_STATUS_ROLLED_BACK: PolicyStatus.ValueType  # 5
+POLICY_STATUS_FAILED: PolicyStatus.ValueType  # 6
+"""Failed its evaluation or could not be loaded: never promoted."""
 Global___PolicyStatus: _TypeAlias = PolicyStatus  # noqa: Y015
 
 @_typing.final
@@ -273,6 +277,7 @@ class Policy(_message.Message):
     PARENT_POLICY_ID_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
     policy_id: _builtins.str
     name: _builtins.str
     """Name shared by all versions of a policy."""
@@ -290,6 +295,10 @@ class Policy(_message.Message):
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When the status last changed."""
+
     def __init__(
         self,
         *,
@@ -305,10 +314,11 @@ class Policy(_message.Message):
         parent_policy_id: _builtins.str = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "checkpoint_uri", b"checkpoint_uri", "created_at", b"created_at", "dataset_uri", b"dataset_uri", "job_id", b"job_id", "kind", b"kind", "metrics", b"metrics", "name", b"name", "parent_policy_id", b"parent_policy_id", "policy_id", b"policy_id", "status", b"status", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "checkpoint_uri", b"checkpoint_uri", "created_at", b"created_at", "dataset_uri", b"dataset_uri", "job_id", b"job_id", "kind", b"kind", "metrics", b"metrics", "name", b"name", "parent_policy_id", b"parent_policy_id", "policy_id", b"policy_id", "status", b"status", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from flywheel.api.trainer.v1 import jobs_pb2 as flywheel_dot_api_dot_trainer_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-flywheel/api/trainer/v1/trainer_service.proto\x12\x17\x66lywheel.api.trainer.v1\x1a\"flywheel/api/trainer/v1/jobs.proto\"J\n\x10SubmitJobRequest\x12\x36\n\x04spec\x18\x01 \x01(\x0b\x32(.flywheel.api.trainer.v1.TrainingJobSpec\"F\n\x11SubmitJobResponse\x12\x31\n\x03job\x18\x01 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x0eGetJobResponse\x12\x31\n\x03job\x18\x01 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"C\n\x0fListJobsRequest\x12\x30\n\x05state\x18\x01 \x01(\x0e\x32!.flywheel.api.trainer.v1.JobState\"F\n\x10ListJobsResponse\x12\x32\n\x04jobs\x18\x01 \x03(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"F\n\x11\x43\x61ncelJobResponse\x12\x31\n\x03job\x18\x01 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"%\n\x10GetPolicyRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\"D\n\x11GetPolicyResponse\x12/\n\x06policy\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"#\n\x13ListPoliciesRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x14ListPoliciesResponse\x12\x31\n\x08policies\x18\x01 \x03(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"b\n\x16SetPolicyStatusRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0e\x32%.flywheel.api.trainer.v1.PolicyStatus\"J\n\x17SetPolicyStatusResponse\x12/\n\x06policy\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy2\xdb\x05\n\x0eTrainerService\x12\x62\n\tSubmitJob\x12).flywheel.api.trainer.v1.SubmitJobRequest\x1a*.flywheel.api.trainer.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.flywheel.api.trainer.v1.GetJobRequest\x1a\'.flywheel.api.trainer.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.flywheel.api.trainer.v1.ListJobsRequest\x1a).flywheel.api.trainer.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).flywheel.api.trainer.v1.CancelJobRequest\x1a*.flywheel.api.trainer.v1.CancelJobResponse\x12\x62\n\tGetPolicy\x12).flywheel.api.trainer.v1.GetPolicyRequest\x1a*.flywheel.api.trainer.v1.GetPolicyResponse\x12k\n\x0cListPolicies\x12,.flywheel.api.trainer.v1.ListPoliciesRequest\x1a-.flywheel.api.trainer.v1.ListPoliciesResponse\x12t\n\x0fSetPolicyStatus\x12/.flywheel.api.trainer.v1.SetPolicyStatusRequest\x1a\x30.flywheel.api.trainer.v1.SetPolicyStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-flywheel/api/trainer/v1/trainer_service.proto\x12\x17\x66lywheel.api.trainer.v1\x1a\"flywheel/api/trainer/v1/jobs.proto\"J\n\x10SubmitJobRequest\x12\x36\n\x04spec\x18\x01 \x01(\x0b\x32(.flywheel.api.trainer.v1.TrainingJobSpec\"F\n\x11SubmitJobResponse\x12\x31\n\x03job\x18\x01 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x0eGetJobResponse\x12\x31\n\x03job\x18\x01 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"C\n\x0fListJobsRequest\x12\x30\n\x05state\x18\x01 \x01(\x0e\x32!.flywheel.api.trainer.v1.JobState\"F\n\x10ListJobsResponse\x12\x32\n\x04jobs\x18\x01 \x03(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"F\n\x11\x43\x61ncelJobResponse\x12\x31\n\x03job\x18\x01 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"%\n\x10GetPolicyRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\"D\n\x11GetPolicyResponse\x12/\n\x06policy\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"#\n\x13ListPoliciesRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x14ListPoliciesResponse\x12\x31\n\x08policies\x18\x01 \x03(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"\x81\x01\n\x16SetPolicyStatusRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0e\x32%.flywheel.api.trainer.v1.PolicyStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\"J\n\x17SetPolicyStatusResponse\x12/\n\x06policy\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"\xe2\x02\n\x15RegisterPolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x04kind\x18\x02 \x01(\x0e\x32%.flywheel.api.trainer.v1.TrainingKind\x12\x12\n\nbase_model\x18\x03 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x61taset_uri\x18\x05 \x01(\t\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x18\n\x10parent_policy_id\x18\x07 \x01(\t\x12L\n\x07metrics\x18\x08 \x03(\x0b\x32;.flywheel.api.trainer.v1.RegisterPolicyRequest.MetricsEntry\x12\x0e\n\x06reason\x18\t \x01(\t\x12\r\n\x05\x61\x63tor\x18\n \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"I\n\x16RegisterPolicyResponse\x12/\n\x06policy\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"H\n\x14PromotePolicyRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"z\n\x15PromotePolicyResponse\x12/\n\x06policy\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\x12\x30\n\x07retired\x18\x02 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\"D\n\x15RollbackPolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"\x7f\n\x16RollbackPolicyResponse\x12\x34\n\x0brolled_back\x18\x01 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\x12/\n\x06policy\x18\x02 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy2\xb1\x08\n\x0eTrainerService\x12\x62\n\tSubmitJob\x12).flywheel.api.trainer.v1.SubmitJobRequest\x1a*.flywheel.api.trainer.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.flywheel.api.trainer.v1.GetJobRequest\x1a\'.flywheel.api.trainer.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.flywheel.api.trainer.v1.ListJobsRequest\x1a).flywheel.api.trainer.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).flywheel.api.trainer.v1.CancelJobRequest\x1a*.flywheel.api.trainer.v1.CancelJobResponse\x12\x62\n\tGetPolicy\x12).flywheel.api.trainer.v1.GetPolicyRequest\x1a*.flywheel.api.trainer.v1.GetPolicyResponse\x12k\n\x0cListPolicies\x12,.flywheel.api.trainer.v1.ListPoliciesRequest\x1a-.flywheel.api.trainer.v1.ListPoliciesResponse\x12t\n\x0fSetPolicyStatus\x12/.flywheel.api.trainer.v1.SetPolicyStatusRequest\x1a\x30.flywheel.api.trainer.v1.SetPolicyStatusResponse\x12q\n\x0eRegisterPolicy\x12..flywheel.api.trainer.v1.RegisterPolicyRequest\x1a/.flywheel.api.trainer.v1.RegisterPolicyResponse\x12n\n\rPromotePolicy\x12-.flywheel.api.trainer.v1.PromotePolicyRequest\x1a..flywheel.api.trainer.v1.PromotePolicyResponse\x12q\n\x0eRollbackPolicy\x12..flywheel.api.trainer.v1.RollbackPolicyRequest\x1a/.flywheel.api.trainer.v1.RollbackPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.api.trainer.v1.trainer_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_REGISTERPOLICYREQUEST_METRICSENTRY']._loaded_options = None
+  _globals['_REGISTERPOLICYREQUEST_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITJOBREQUEST']._serialized_start=110
   _globals['_SUBMITJOBREQUEST']._serialized_end=184
   _globals['_SUBMITJOBRESPONSE']._serialized_start=186
@@ -56,10 +58,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPOLICIESREQUEST']._serialized_end=753
   _globals['_LISTPOLICIESRESPONSE']._serialized_start=755
   _globals['_LISTPOLICIESRESPONSE']._serialized_end=828
-  _globals['_SETPOLICYSTATUSREQUEST']._serialized_start=830
-  _globals['_SETPOLICYSTATUSREQUEST']._serialized_end=928
-  _globals['_SETPOLICYSTATUSRESPONSE']._serialized_start=930
-  _globals['_SETPOLICYSTATUSRESPONSE']._serialized_end=1004
-  _globals['_TRAINERSERVICE']._serialized_start=1007
-  _globals['_TRAINERSERVICE']._serialized_end=1738
+  _globals['_SETPOLICYSTATUSREQUEST']._serialized_start=831
+  _globals['_SETPOLICYSTATUSREQUEST']._serialized_end=960
+  _globals['_SETPOLICYSTATUSRESPONSE']._serialized_start=962
+  _globals['_SETPOLICYSTATUSRESPONSE']._serialized_end=1036
+  _globals['_REGISTERPOLICYREQUEST']._serialized_start=1039
+  _globals['_REGISTERPOLICYREQUEST']._serialized_end=1393
+  _globals['_REGISTERPOLICYREQUEST_METRICSENTRY']._serialized_start=1347
+  _globals['_REGISTERPOLICYREQUEST_METRICSENTRY']._serialized_end=1393
+  _globals['_REGISTERPOLICYRESPONSE']._serialized_start=1395
+  _globals['_REGISTERPOLICYRESPONSE']._serialized_end=1468
+  _globals['_PROMOTEPOLICYREQUEST']._serialized_start=1470
+  _globals['_PROMOTEPOLICYREQUEST']._serialized_end=1542
+  _globals['_PROMOTEPOLICYRESPONSE']._serialized_start=1544
+  _globals['_PROMOTEPOLICYRESPONSE']._serialized_end=1666
+  _globals['_ROLLBACKPOLICYREQUEST']._serialized_start=1668
+  _globals['_ROLLBACKPOLICYREQUEST']._serialized_end=1736
+  _globals['_ROLLBACKPOLICYRESPONSE']._serialized_start=1738
+  _globals['_ROLLBACKPOLICYRESPONSE']._serialized_end=1865
+  _globals['_TRAINERSERVICE']._serialized_start=1868
+  _globals['_TRAINERSERVICE']._serialized_end=2941
 # @@protoc_insertion_point(module_scope)

@@ -260,17 +260,25 @@ class SetPolicyStatusRequest(_message.Message):
 
     POLICY_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
     policy_id: _builtins.str
     status: _jobs_pb2.PolicyStatus.ValueType
+    reason: _builtins.str
+    """Why, kept in the version's status history."""
+    actor: _builtins.str
+    """Who asked (a person or a component), kept in the status history."""
     def __init__(
         self,
         *,
         policy_id: _builtins.str = ...,
         status: _jobs_pb2.PolicyStatus.ValueType = ...,
+        reason: _builtins.str = ...,
+        actor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_id", b"policy_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "policy_id", b"policy_id", "reason", b"reason", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -295,3 +303,200 @@ class SetPolicyStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetPolicyStatusResponse: _TypeAlias = SetPolicyStatusResponse  # noqa: Y015
+
+@_typing.final
+class RegisterPolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    BASE_MODEL_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_URI_FIELD_NUMBER: _builtins.int
+    DATASET_URI_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PARENT_POLICY_ID_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name shared by all versions of the policy ([A-Za-z0-9_-], 1-64 chars: a subject token)."""
+    kind: _jobs_pb2.TrainingKind.ValueType
+    base_model: _builtins.str
+    checkpoint_uri: _builtins.str
+    """Object-store URI of the adapter/checkpoint."""
+    dataset_uri: _builtins.str
+    job_id: _builtins.str
+    parent_policy_id: _builtins.str
+    """An existing version of the same name this one was trained from (optional)."""
+    reason: _builtins.str
+    actor: _builtins.str
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        kind: _jobs_pb2.TrainingKind.ValueType = ...,
+        base_model: _builtins.str = ...,
+        checkpoint_uri: _builtins.str = ...,
+        dataset_uri: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        parent_policy_id: _builtins.str = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        reason: _builtins.str = ...,
+        actor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "base_model", b"base_model", "checkpoint_uri", b"checkpoint_uri", "dataset_uri", b"dataset_uri", "job_id", b"job_id", "kind", b"kind", "metrics", b"metrics", "name", b"name", "parent_policy_id", b"parent_policy_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterPolicyRequest: _TypeAlias = RegisterPolicyRequest  # noqa: Y015
+
+@_typing.final
+class RegisterPolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy(self) -> _jobs_pb2.Policy: ...
+    def __init__(
+        self,
+        *,
+        policy: _jobs_pb2.Policy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterPolicyResponse: _TypeAlias = RegisterPolicyResponse  # noqa: Y015
+
+@_typing.final
+class PromotePolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    policy_id: _builtins.str
+    reason: _builtins.str
+    actor: _builtins.str
+    def __init__(
+        self,
+        *,
+        policy_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        actor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "policy_id", b"policy_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromotePolicyRequest: _TypeAlias = PromotePolicyRequest  # noqa: Y015
+
+@_typing.final
+class PromotePolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    RETIRED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy(self) -> _jobs_pb2.Policy:
+        """The promoted version, now active."""
+
+    @_builtins.property
+    def retired(self) -> _jobs_pb2.Policy:
+        """The version that was active before, now retired (unset if there was none)."""
+
+    def __init__(
+        self,
+        *,
+        policy: _jobs_pb2.Policy | None = ...,
+        retired: _jobs_pb2.Policy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "retired", b"retired"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "retired", b"retired"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromotePolicyResponse: _TypeAlias = PromotePolicyResponse  # noqa: Y015
+
+@_typing.final
+class RollbackPolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name of the policy whose active version is rolled back."""
+    reason: _builtins.str
+    actor: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        actor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "name", b"name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackPolicyRequest: _TypeAlias = RollbackPolicyRequest  # noqa: Y015
+
+@_typing.final
+class RollbackPolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLED_BACK_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rolled_back(self) -> _jobs_pb2.Policy:
+        """The version that was active, now rolled back."""
+
+    @_builtins.property
+    def policy(self) -> _jobs_pb2.Policy:
+        """The previously active version, active again."""
+
+    def __init__(
+        self,
+        *,
+        rolled_back: _jobs_pb2.Policy | None = ...,
+        policy: _jobs_pb2.Policy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "rolled_back", b"rolled_back"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "rolled_back", b"rolled_back"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackPolicyResponse: _TypeAlias = RollbackPolicyResponse  # noqa: Y015

@@ -70,6 +70,21 @@ class TrainerServiceStub:
                 request_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.SetPolicyStatusRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.SetPolicyStatusResponse.FromString,
                 _registered_method=True)
+        self.RegisterPolicy = channel.unary_unary(
+                '/flywheel.api.trainer.v1.TrainerService/RegisterPolicy',
+                request_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RegisterPolicyRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RegisterPolicyResponse.FromString,
+                _registered_method=True)
+        self.PromotePolicy = channel.unary_unary(
+                '/flywheel.api.trainer.v1.TrainerService/PromotePolicy',
+                request_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.PromotePolicyRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.PromotePolicyResponse.FromString,
+                _registered_method=True)
+        self.RollbackPolicy = channel.unary_unary(
+                '/flywheel.api.trainer.v1.TrainerService/RollbackPolicy',
+                request_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RollbackPolicyRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RollbackPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -114,7 +129,31 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetPolicyStatus(self, request, context):
-        """Promote, canary, retire or roll back a policy version.
+        """Promote, canary, retire or roll back a policy version (the registry's transition rules
+        are checked: FAILED_PRECONDITION names the rule a refused change breaks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterPolicy(self, request, context):
+        """Register a new version of a policy (the next version number of its name, never reused).
+        Called by the trainer when a job succeeds; operators use it to import an adapter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromotePolicy(self, request, context):
+        """Make a version the active one of its name; the previously active version is retired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackPolicy(self, request, context):
+        """Roll the active version of a name back: it becomes rolled back and the version that was
+        active before it is active again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,6 +196,21 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SetPolicyStatus,
                     request_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.SetPolicyStatusRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.SetPolicyStatusResponse.SerializeToString,
+            ),
+            'RegisterPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterPolicy,
+                    request_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RegisterPolicyRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RegisterPolicyResponse.SerializeToString,
+            ),
+            'PromotePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromotePolicy,
+                    request_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.PromotePolicyRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.PromotePolicyResponse.SerializeToString,
+            ),
+            'RollbackPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackPolicy,
+                    request_deserializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RollbackPolicyRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RollbackPolicyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +403,87 @@ class TrainerService:
             '/flywheel.api.trainer.v1.TrainerService/SetPolicyStatus',
             flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.SetPolicyStatusRequest.SerializeToString,
             flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.SetPolicyStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.trainer.v1.TrainerService/RegisterPolicy',
+            flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RegisterPolicyRequest.SerializeToString,
+            flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RegisterPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromotePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.trainer.v1.TrainerService/PromotePolicy',
+            flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.PromotePolicyRequest.SerializeToString,
+            flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.PromotePolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.trainer.v1.TrainerService/RollbackPolicy',
+            flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RollbackPolicyRequest.SerializeToString,
+            flywheel_dot_api_dot_trainer_dot_v1_dot_trainer__service__pb2.RollbackPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

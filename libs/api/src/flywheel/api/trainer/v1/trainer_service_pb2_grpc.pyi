@@ -41,7 +41,19 @@ class TrainerServiceStub:
     GetPolicy: _grpc.UnaryUnaryMultiCallable[_trainer_service_pb2.GetPolicyRequest, _trainer_service_pb2.GetPolicyResponse]
     ListPolicies: _grpc.UnaryUnaryMultiCallable[_trainer_service_pb2.ListPoliciesRequest, _trainer_service_pb2.ListPoliciesResponse]
     SetPolicyStatus: _grpc.UnaryUnaryMultiCallable[_trainer_service_pb2.SetPolicyStatusRequest, _trainer_service_pb2.SetPolicyStatusResponse]
-    """Promote, canary, retire or roll back a policy version."""
+    """Promote, canary, retire or roll back a policy version (the registry's transition rules
+    are checked: FAILED_PRECONDITION names the rule a refused change breaks).
+    """
+    RegisterPolicy: _grpc.UnaryUnaryMultiCallable[_trainer_service_pb2.RegisterPolicyRequest, _trainer_service_pb2.RegisterPolicyResponse]
+    """Register a new version of a policy (the next version number of its name, never reused).
+    Called by the trainer when a job succeeds; operators use it to import an adapter.
+    """
+    PromotePolicy: _grpc.UnaryUnaryMultiCallable[_trainer_service_pb2.PromotePolicyRequest, _trainer_service_pb2.PromotePolicyResponse]
+    """Make a version the active one of its name; the previously active version is retired."""
+    RollbackPolicy: _grpc.UnaryUnaryMultiCallable[_trainer_service_pb2.RollbackPolicyRequest, _trainer_service_pb2.RollbackPolicyResponse]
+    """Roll the active version of a name back: it becomes rolled back and the version that was
+    active before it is active again.
+    """
 
 @_typing.type_check_only
 class TrainerServiceAsyncStub(TrainerServiceStub):
@@ -56,7 +68,19 @@ class TrainerServiceAsyncStub(TrainerServiceStub):
     GetPolicy: _aio.UnaryUnaryMultiCallable[_trainer_service_pb2.GetPolicyRequest, _trainer_service_pb2.GetPolicyResponse]  # type: ignore[assignment]
     ListPolicies: _aio.UnaryUnaryMultiCallable[_trainer_service_pb2.ListPoliciesRequest, _trainer_service_pb2.ListPoliciesResponse]  # type: ignore[assignment]
     SetPolicyStatus: _aio.UnaryUnaryMultiCallable[_trainer_service_pb2.SetPolicyStatusRequest, _trainer_service_pb2.SetPolicyStatusResponse]  # type: ignore[assignment]
-    """Promote, canary, retire or roll back a policy version."""
+    """Promote, canary, retire or roll back a policy version (the registry's transition rules
+    are checked: FAILED_PRECONDITION names the rule a refused change breaks).
+    """
+    RegisterPolicy: _aio.UnaryUnaryMultiCallable[_trainer_service_pb2.RegisterPolicyRequest, _trainer_service_pb2.RegisterPolicyResponse]  # type: ignore[assignment]
+    """Register a new version of a policy (the next version number of its name, never reused).
+    Called by the trainer when a job succeeds; operators use it to import an adapter.
+    """
+    PromotePolicy: _aio.UnaryUnaryMultiCallable[_trainer_service_pb2.PromotePolicyRequest, _trainer_service_pb2.PromotePolicyResponse]  # type: ignore[assignment]
+    """Make a version the active one of its name; the previously active version is retired."""
+    RollbackPolicy: _aio.UnaryUnaryMultiCallable[_trainer_service_pb2.RollbackPolicyRequest, _trainer_service_pb2.RollbackPolicyResponse]  # type: ignore[assignment]
+    """Roll the active version of a name back: it becomes rolled back and the version that was
+    active before it is active again.
+    """
 
 class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Training jobs and the policy registry."""
@@ -110,6 +134,36 @@ class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _trainer_service_pb2.SetPolicyStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_trainer_service_pb2.SetPolicyStatusResponse, _abc.Awaitable[_trainer_service_pb2.SetPolicyStatusResponse]]:
-        """Promote, canary, retire or roll back a policy version."""
+        """Promote, canary, retire or roll back a policy version (the registry's transition rules
+        are checked: FAILED_PRECONDITION names the rule a refused change breaks).
+        """
+
+    @_abc_1.abstractmethod
+    def RegisterPolicy(
+        self,
+        request: _trainer_service_pb2.RegisterPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_service_pb2.RegisterPolicyResponse, _abc.Awaitable[_trainer_service_pb2.RegisterPolicyResponse]]:
+        """Register a new version of a policy (the next version number of its name, never reused).
+        Called by the trainer when a job succeeds; operators use it to import an adapter.
+        """
+
+    @_abc_1.abstractmethod
+    def PromotePolicy(
+        self,
+        request: _trainer_service_pb2.PromotePolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_service_pb2.PromotePolicyResponse, _abc.Awaitable[_trainer_service_pb2.PromotePolicyResponse]]:
+        """Make a version the active one of its name; the previously active version is retired."""
+
+    @_abc_1.abstractmethod
+    def RollbackPolicy(
+        self,
+        request: _trainer_service_pb2.RollbackPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_service_pb2.RollbackPolicyResponse, _abc.Awaitable[_trainer_service_pb2.RollbackPolicyResponse]]:
+        """Roll the active version of a name back: it becomes rolled back and the version that was
+        active before it is active again.
+        """
 
 def add_TrainerServiceServicer_to_server(servicer: TrainerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
