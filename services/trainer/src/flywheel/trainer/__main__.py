@@ -1,4 +1,4 @@
-"""``python -m flywheel.trainer [serve|check-config]``."""
+"""``python -m flywheel.trainer [serve|migrate|check-config]``."""
 
 from flywheel.trainer.app import main
 

@@ -13,3 +13,7 @@ class TrainerSettings(ServiceSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
     db: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]
+    # Policy events left unpublished (bus down after a change committed) are published again
+    # by a sweep every policy_event_sweep_s, once older than policy_event_grace_s.
+    policy_event_sweep_s: float = Field(10.0, gt=0)
+    policy_event_grace_s: float = Field(5.0, ge=0)

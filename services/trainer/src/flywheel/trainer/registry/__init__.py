@@ -1,0 +1,1 @@
+"""The policy registry: versioned, reversible policies in PostgreSQL (issue 15)."""
