@@ -79,6 +79,13 @@ class PolicyEvents:
         if not history:
             return
         async with self._sessions() as session:
+            # Read back as committed (server-set columns included), in commit order.
+            found_history = await session.scalars(
+                select(PolicyHistoryRow)
+                .where(PolicyHistoryRow.id.in_([h.id for h in history]))
+                .order_by(PolicyHistoryRow.id)
+            )
+            history = found_history.all()
             ids = {h.policy_id for h in history}
             found = await session.scalars(select(PolicyRow).where(PolicyRow.policy_id.in_(ids)))
             rows = {r.policy_id: r for r in found}

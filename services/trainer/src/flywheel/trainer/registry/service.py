@@ -131,7 +131,9 @@ async def _state(
     session: AsyncSession, name: str
 ) -> tuple[dict[str, PolicyRow], PolicyRow | None, list[rules.Version]]:
     """Every version of ``name``, the active one, and its activations newest first."""
-    rows = {r.policy_id: r for r in (await session.scalars(select(PolicyRow).where(PolicyRow.name == name))).all()}
+    # populate_existing: rows loaded before the lock are read again, as they are now.
+    query = select(PolicyRow).where(PolicyRow.name == name).execution_options(populate_existing=True)
+    rows = {r.policy_id: r for r in (await session.scalars(query)).all()}
     active = next((r for r in rows.values() if r.status == Status.ACTIVE), None)
     activated = (
         await session.scalars(
@@ -157,15 +159,12 @@ async def _apply(
     # partial unique index allows one active version per name at every statement).
     for change in changes:
         row = rows[change.policy_id]
-        await session.execute(
-            update(PolicyRow)
-            .where(PolicyRow.policy_id == change.policy_id)
-            .values(status=int(change.status), updated_at=func.now())
-        )
         row.status = int(change.status)
+        row.updated_at = func.now()  # type: ignore[assignment]
         history = _history(row, int(change.previous), actor=actor, reason=reason)
         session.add(history)
         written.append(history)
+        await session.flush()
     await session.commit()
     touched = {c.policy_id: rows[c.policy_id] for c in changes}
     for row in touched.values():
