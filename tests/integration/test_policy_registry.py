@@ -18,6 +18,8 @@ from flywheel.api.trainer.v1 import trainer_service_pb2 as pb
 from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
 from flywheel.api.trainer.v1.events_pb2 import PolicyChangedEvent
 
+from .helpers import eventually
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 REG, CANARY, ACTIVE, RETIRED, ROLLED_BACK = (
@@ -42,6 +44,13 @@ def register(n: int, parent: str = "") -> pb.RegisterPolicyRequest:
         metrics={"win_rate": 0.5 + n / 100},
         actor="test",
         reason=f"import {n}",
+    )
+
+
+async def connect(env: dict[str, str]) -> asyncpg.Connection:
+    return await asyncpg.connect(
+        env["FLYWHEEL_DB_URL"].replace("postgresql+asyncpg://", "postgresql://"),
+        server_settings={"search_path": env["FLYWHEEL_DB_SCHEMA"]},
     )
 
 
@@ -129,11 +138,7 @@ async def test_register_promote_rollback_with_events(launch, nats_client):
         assert sorted(r.policy.version for r in many) == list(range(4, 12))
 
         # Deleting the newest version does not free its number.
-        env = trainer.env
-        conn = await asyncpg.connect(
-            env["FLYWHEEL_DB_URL"].replace("postgresql+asyncpg://", "postgresql://"),
-            server_settings={"search_path": env["FLYWHEEL_DB_SCHEMA"]},
-        )
+        conn = await connect(trainer.env)
         try:
             await conn.execute("DELETE FROM policies WHERE name = $1 AND version = 11", NAME)
             # The database itself allows one active version per name.
@@ -165,3 +170,38 @@ async def test_register_promote_rollback_with_events(launch, nats_client):
     assert len(seen) == 20, seen  # nothing for the refused requests, one per change
     assert len({e.meta.event_id for e in events}) == len(events)
     assert all(e.meta.source == "trainer" and e.policy.name == NAME for e in events)
+
+
+async def test_changes_left_unpublished_are_published_by_the_sweep_once(launch, nats_client):
+    """A crash between the commit and the publish leaves history rows unpublished: the sweep
+    publishes them, and a change published twice is stored once (its event id is the dedup id)."""
+    trainer = launch(
+        "trainer",
+        env={"FLYWHEEL_TRAINER_POLICY_EVENT_SWEEP_S": "0.3", "FLYWHEEL_TRAINER_POLICY_EVENT_GRACE_S": "0"},
+    )
+    ns = launch.isolation["namespace"]
+    changes = await nats_client.jetstream().pull_subscribe(
+        Catalogue(namespace=ns).policy_changed(NAME), stream=f"{ns.upper()}_TRAINER_EVENTS"
+    )
+    async with grpc.aio.insecure_channel(trainer.address) as channel:
+        v1 = (await pb_grpc.TrainerServiceStub(channel).RegisterPolicy(register(1))).policy
+    conn = await connect(trainer.env)
+    try:
+        unpublished = "SELECT count(*) FROM policy_history WHERE published_at IS NULL"
+        await eventually(lambda: conn.fetchval(unpublished), lambda n: n == 0)
+        # As if the process died after committing: the registration again, and a change never sent.
+        await conn.execute("UPDATE policy_history SET published_at = NULL")
+        await conn.execute(
+            "INSERT INTO policy_history (policy_id, name, previous_status, status, event_id, actor, reason)"
+            " VALUES ($1, $2, $3, $4, 'lost-change-1', 'test', 'crash')",
+            v1.policy_id,
+            NAME,
+            REG,
+            CANARY,
+        )
+        await eventually(lambda: conn.fetchval(unpublished), lambda n: n == 0, timeout_s=15)
+    finally:
+        await conn.close()
+    events = [PolicyChangedEvent.FromString(m.data) for m in await changes.fetch(10, timeout=3)]
+    assert [(e.previous_status, e.policy.status) for e in events] == [(0, REG), (REG, CANARY)]
+    assert events[1].meta.event_id == "lost-change-1"
