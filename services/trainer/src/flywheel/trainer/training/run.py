@@ -129,6 +129,9 @@ def train(
         reward=reward,
     )
     trainer = module.build(ctx)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
 
     adapter_dir = out / "adapter"
