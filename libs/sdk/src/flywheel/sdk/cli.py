@@ -39,6 +39,7 @@ from google.protobuf import json_format
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
 from flywheel.api.optimizer.v1 import runs_pb2 as runs_pb
+from flywheel.api.values import plain_number
 from flywheel.sdk._transport import tls_from_env
 from flywheel.sdk.admin import AdminClient, ApplyConflict, apply_plan, plan_apply
 from flywheel.sdk.endpoint_file import (
@@ -354,19 +355,8 @@ def _state(state: int) -> str:
     return STATE_NAMES.get(state, str(state))  # type: ignore[call-overload]
 
 
-def _plain(value: Any) -> Any:
-    """Struct numbers are doubles: show 16.0 as 16."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _run_json(run: runs_pb.Run) -> dict[str, Any]:
-    return _plain(json_format.MessageToDict(run, preserving_proto_field_name=True))
+    return plain_number(json_format.MessageToDict(run, preserving_proto_field_name=True))
 
 
 def _created(run: runs_pb.Run) -> str:
@@ -425,7 +415,7 @@ def _print_warnings(run: runs_pb.Run) -> None:
 def _print_best_and_results(run: runs_pb.Run) -> None:
     if run.HasField("best_config"):
         print("best config:")
-        print(json.dumps(_plain(json_format.MessageToDict(run.best_config)), indent=2, sort_keys=True))
+        print(json.dumps(plain_number(json_format.MessageToDict(run.best_config)), indent=2, sort_keys=True))
     if run.artifacts:
         print("results:")
         print("\n".join(_artifact_lines(run)))

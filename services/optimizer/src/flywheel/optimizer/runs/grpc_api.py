@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from flywheel.api.optimizer.v1 import run_service_pb2 as pb
 from flywheel.api.optimizer.v1 import run_service_pb2_grpc as pb_grpc
 from flywheel.api.optimizer.v1 import runs_pb2
+from flywheel.api.values import plain_number
 from flywheel.core.errors import InvalidArgument
 from flywheel.core.objects import ObjectStore
 from flywheel.core.run_policy import RunPolicySettings
@@ -95,18 +96,6 @@ async def _full(session: AsyncSession, row: RunRow) -> runs_pb2.Run:
     return run_message(row, (await outcomes(session, [row], top_errors=True))[row.run_id])
 
 
-def _whole_numbers(value: Any) -> Any:
-    """A Struct carries every number as a double: give 16.0 back as 16, so an integer parameter
-    or an expected answer of 42 reaches the search and the evaluator as the user wrote it."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole_numbers(v) for v in value]
-    return value
-
-
 class RunServicer(pb_grpc.RunServiceServicer):
     def __init__(
         self,
@@ -127,7 +116,7 @@ class RunServicer(pb_grpc.RunServiceServicer):
         # Generic checks where the request enters (NaN, NUL, depth, size, naming the path);
         # what a config may mean is checked by service.start_run.
         check_struct(request.config, "config", max_bytes=MAX_CONFIG_BYTES)
-        config = _whole_numbers(json_format.MessageToDict(request.config))
+        config = plain_number(json_format.MessageToDict(request.config))
         async with self._sessions() as session:
             row = await service.start_run(
                 session, config=config, policy=self._policy, limits=self._limits, name=getattr(request, "name", "")

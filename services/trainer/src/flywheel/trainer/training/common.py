@@ -47,6 +47,39 @@ class Context:
             **kind_specific,
         }
 
+    def trainer(self, trainer_cls: Any, args: Any, **kind_specific: Any) -> Any:
+        """A TRL trainer of ``trainer_cls`` over this run's model, data, adapter and callbacks."""
+        return trainer_cls(
+            model=self.model,
+            args=args,
+            train_dataset=self.dataset,
+            processing_class=self.tokenizer,
+            peft_config=self.peft_config,
+            callbacks=self.callbacks,
+            **kind_specific,
+        )
+
+    def beta(self, default: float) -> float:
+        """The spec's KL/preference coefficient, or the kind's default."""
+        return self.spec.beta if self.spec.beta is not None else default
+
+
+def build_online(ctx: Context, config_cls: Any, trainer_cls: Any, *, default_beta: float) -> Any:
+    """GRPO and RLOO: the same sampling settings and weighted reward, their own advantage."""
+    spec = ctx.spec
+    args = config_cls(
+        **ctx.args(
+            # TRL's batch counts completions: batch_size prompts x num_generations each.
+            per_device_train_batch_size=spec.batch_size * spec.num_generations,
+            num_generations=spec.num_generations,
+            max_completion_length=spec.max_completion_length,
+            temperature=spec.temperature,
+            beta=ctx.beta(default_beta),
+            log_completions=False,
+        )
+    )
+    return ctx.trainer(trainer_cls, args, reward_funcs=[ctx.reward])
+
 
 def require_columns(columns: set[str], kind: str, *alternatives: set[str]) -> None:
     """Raise naming the missing columns unless one of ``alternatives`` is fully present."""

@@ -17,13 +17,5 @@ def check_columns(columns: set[str]) -> None:
 def build(ctx: Context) -> Any:
     from trl import DPOConfig, DPOTrainer
 
-    beta = ctx.spec.beta if ctx.spec.beta is not None else DEFAULT_BETA
-    args = DPOConfig(**ctx.args(max_length=ctx.spec.max_length, beta=beta))
-    return DPOTrainer(
-        model=ctx.model,
-        args=args,
-        train_dataset=ctx.dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        callbacks=ctx.callbacks,
-    )
+    args = DPOConfig(**ctx.args(max_length=ctx.spec.max_length, beta=ctx.beta(DEFAULT_BETA)))
+    return ctx.trainer(DPOTrainer, args)

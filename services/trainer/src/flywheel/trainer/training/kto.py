@@ -19,13 +19,5 @@ def build(ctx: Context) -> Any:
 
     if ctx.spec.batch_size < 2:
         raise ValueError("batch_size: kto needs at least 2 (its KL estimate pairs completions within a batch)")
-    beta = ctx.spec.beta if ctx.spec.beta is not None else DEFAULT_BETA
-    args = KTOConfig(**ctx.args(max_length=ctx.spec.max_length, beta=beta))
-    return KTOTrainer(
-        model=ctx.model,
-        args=args,
-        train_dataset=ctx.dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        callbacks=ctx.callbacks,
-    )
+    args = KTOConfig(**ctx.args(max_length=ctx.spec.max_length, beta=ctx.beta(DEFAULT_BETA)))
+    return ctx.trainer(KTOTrainer, args)

@@ -17,12 +17,4 @@ def check_columns(columns: set[str]) -> None:
 def build(ctx: Context) -> Any:
     from trl import RewardConfig, RewardTrainer
 
-    args = RewardConfig(**ctx.args(max_length=ctx.spec.max_length))
-    return RewardTrainer(
-        model=ctx.model,
-        args=args,
-        train_dataset=ctx.dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        callbacks=ctx.callbacks,
-    )
+    return ctx.trainer(RewardTrainer, RewardConfig(**ctx.args(max_length=ctx.spec.max_length)))

@@ -15,12 +15,4 @@ def check_columns(columns: set[str]) -> None:
 def build(ctx: Context) -> Any:
     from trl import SFTConfig, SFTTrainer
 
-    args = SFTConfig(**ctx.args(max_length=ctx.spec.max_length, packing=False))
-    return SFTTrainer(
-        model=ctx.model,
-        args=args,
-        train_dataset=ctx.dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        callbacks=ctx.callbacks,
-    )
+    return ctx.trainer(SFTTrainer, SFTConfig(**ctx.args(max_length=ctx.spec.max_length, packing=False)))
