@@ -26,7 +26,7 @@ from flywheel.api.common.v1 import common_pb2 as flywheel_dot_api_dot_common_dot
 from flywheel.api.trainer.v1 import jobs_pb2 as flywheel_dot_api_dot_trainer_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$flywheel/api/trainer/v1/events.proto\x12\x17\x66lywheel.api.trainer.v1\x1a#flywheel/api/common/v1/common.proto\x1a\"flywheel/api/trainer/v1/jobs.proto\"v\n\x10TrainingJobEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x31\n\x03job\x18\x02 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"\xab\x02\n\x15TrainingProgressEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.flywheel.api.trainer.v1.JobState\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12L\n\x07metrics\x18\x06 \x03(\x0b\x32;.flywheel.api.trainer.v1.TrainingProgressEvent.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb6\x01\n\x12PolicyChangedEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12/\n\x06policy\x18\x02 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\x12>\n\x0fprevious_status\x18\x03 \x01(\x0e\x32%.flywheel.api.trainer.v1.PolicyStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$flywheel/api/trainer/v1/events.proto\x12\x17\x66lywheel.api.trainer.v1\x1a#flywheel/api/common/v1/common.proto\x1a\"flywheel/api/trainer/v1/jobs.proto\"v\n\x10TrainingJobEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x31\n\x03job\x18\x02 \x01(\x0b\x32$.flywheel.api.trainer.v1.TrainingJob\"\xcb\x02\n\x15TrainingProgressEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.flywheel.api.trainer.v1.JobState\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12L\n\x07metrics\x18\x06 \x03(\x0b\x32;.flywheel.api.trainer.v1.TrainingProgressEvent.MetricsEntry\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\r\n\x05\x65ta_s\x18\x08 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb6\x01\n\x12PolicyChangedEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12/\n\x06policy\x18\x02 \x01(\x0b\x32\x1f.flywheel.api.trainer.v1.Policy\x12>\n\x0fprevious_status\x18\x03 \x01(\x0e\x32%.flywheel.api.trainer.v1.PolicyStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAININGJOBEVENT']._serialized_start=138
   _globals['_TRAININGJOBEVENT']._serialized_end=256
   _globals['_TRAININGPROGRESSEVENT']._serialized_start=259
-  _globals['_TRAININGPROGRESSEVENT']._serialized_end=558
-  _globals['_TRAININGPROGRESSEVENT_METRICSENTRY']._serialized_start=512
-  _globals['_TRAININGPROGRESSEVENT_METRICSENTRY']._serialized_end=558
-  _globals['_POLICYCHANGEDEVENT']._serialized_start=561
-  _globals['_POLICYCHANGEDEVENT']._serialized_end=743
+  _globals['_TRAININGPROGRESSEVENT']._serialized_end=590
+  _globals['_TRAININGPROGRESSEVENT_METRICSENTRY']._serialized_start=544
+  _globals['_TRAININGPROGRESSEVENT_METRICSENTRY']._serialized_end=590
+  _globals['_POLICYCHANGEDEVENT']._serialized_start=593
+  _globals['_POLICYCHANGEDEVENT']._serialized_end=775
 # @@protoc_insertion_point(module_scope)

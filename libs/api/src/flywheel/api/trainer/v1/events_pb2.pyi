@@ -78,10 +78,16 @@ class TrainingProgressEvent(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     TOTAL_STEPS_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    ETA_S_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _jobs_pb2.JobState.ValueType
     step: _builtins.int
     total_steps: _builtins.int
+    message: _builtins.str
+    """Why the job failed (state FAILED) or what happened (resumed from a checkpoint, cancelled)."""
+    eta_s: _builtins.float
+    """Seconds left at the current pace, when known."""
     @_builtins.property
     def meta(self) -> _common_pb2.EventMeta: ...
     @_builtins.property
@@ -95,10 +101,12 @@ class TrainingProgressEvent(_message.Message):
         step: _builtins.int = ...,
         total_steps: _builtins.int = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        message: _builtins.str = ...,
+        eta_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "meta", b"meta", "metrics", b"metrics", "state", b"state", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eta_s", b"eta_s", "job_id", b"job_id", "message", b"message", "meta", b"meta", "metrics", b"metrics", "state", b"state", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

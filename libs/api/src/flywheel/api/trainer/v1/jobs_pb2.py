@@ -26,33 +26,47 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"flywheel/api/trainer/v1/jobs.proto\x12\x17\x66lywheel.api.trainer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"M\n\x08LoraSpec\x12\t\n\x01r\x18\x01 \x01(\x05\x12\r\n\x05\x61lpha\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ropout\x18\x03 \x01(\x01\x12\x16\n\x0etarget_modules\x18\x04 \x03(\t\"\xfe\x01\n\x0fTrainingJobSpec\x12\x33\n\x04kind\x18\x01 \x01(\x0e\x32%.flywheel.api.trainer.v1.TrainingKind\x12\x12\n\nbase_model\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x61taset_uri\x18\x03 \x01(\t\x12/\n\x04lora\x18\x04 \x01(\x0b\x32!.flywheel.api.trainer.v1.LoraSpec\x12\x30\n\x0fhyperparameters\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x65ndpoint\x18\x06 \x01(\t\x12\x18\n\x10reward_policy_id\x18\x07 \x01(\t\"\xf0\x02\n\x0bTrainingJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x36\n\x04spec\x18\x02 \x01(\x0b\x32(.flywheel.api.trainer.v1.TrainingJobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.flywheel.api.trainer.v1.JobState\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12\x42\n\x07metrics\x18\x06 \x03(\x0b\x32\x31.flywheel.api.trainer.v1.TrainingJob.MetricsEntry\x12\x11\n\tpolicy_id\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe0\x03\n\x06Policy\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x35\n\x06status\x18\x04 \x01(\x0e\x32%.flywheel.api.trainer.v1.PolicyStatus\x12\x33\n\x04kind\x18\x05 \x01(\x0e\x32%.flywheel.api.trainer.v1.TrainingKind\x12\x12\n\nbase_model\x18\x06 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x07 \x01(\t\x12\x0e\n\x06job_id\x18\x08 \x01(\t\x12\x13\n\x0b\x64\x61taset_uri\x18\t \x01(\t\x12\x18\n\x10parent_policy_id\x18\n \x01(\t\x12=\n\x07metrics\x18\x0b \x03(\x0b\x32,.flywheel.api.trainer.v1.Policy.MetricsEntry\x12.\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\xc2\x01\n\x0cTrainingKind\x12\x1d\n\x19TRAINING_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRAINING_KIND_REWARD_MODEL\x10\x01\x12\x15\n\x11TRAINING_KIND_SFT\x10\x02\x12\x15\n\x11TRAINING_KIND_DPO\x10\x03\x12\x15\n\x11TRAINING_KIND_KTO\x10\x04\x12\x16\n\x12TRAINING_KIND_GRPO\x10\x05\x12\x16\n\x12TRAINING_KIND_RLOO\x10\x06*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*\xd3\x01\n\x0cPolicyStatus\x12\x1d\n\x19POLICY_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18POLICY_STATUS_REGISTERED\x10\x01\x12\x18\n\x14POLICY_STATUS_CANARY\x10\x02\x12\x18\n\x14POLICY_STATUS_ACTIVE\x10\x03\x12\x19\n\x15POLICY_STATUS_RETIRED\x10\x04\x12\x1d\n\x19POLICY_STATUS_ROLLED_BACK\x10\x05\x12\x18\n\x14POLICY_STATUS_FAILED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"flywheel/api/trainer/v1/jobs.proto\x12\x17\x66lywheel.api.trainer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"M\n\x08LoraSpec\x12\t\n\x01r\x18\x01 \x01(\x05\x12\r\n\x05\x61lpha\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ropout\x18\x03 \x01(\x01\x12\x16\n\x0etarget_modules\x18\x04 \x03(\t\"\xfa\x03\n\x0fTrainingJobSpec\x12\x33\n\x04kind\x18\x01 \x01(\x0e\x32%.flywheel.api.trainer.v1.TrainingKind\x12\x12\n\nbase_model\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x61taset_uri\x18\x03 \x01(\t\x12/\n\x04lora\x18\x04 \x01(\x0b\x32!.flywheel.api.trainer.v1.LoraSpec\x12\x30\n\x0fhyperparameters\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x65ndpoint\x18\x06 \x01(\t\x12\x18\n\x10reward_policy_id\x18\x07 \x01(\t\x12\x13\n\x0bpolicy_name\x18\x08 \x01(\t\x12\x36\n\x07rewards\x18\t \x03(\x0b\x32%.flywheel.api.trainer.v1.RewardSource\x12\x36\n\nmulti_turn\x18\n \x01(\x0b\x32\".flywheel.api.trainer.v1.MultiTurn\x12?\n\x0c\x65val_metrics\x18\x0b \x03(\x0b\x32).flywheel.api.trainer.v1.VerifiableReward\x12\x18\n\x10parent_policy_id\x18\x0c \x01(\t\x12\x1a\n\x12\x63\x61nary_traffic_cap\x18\r \x01(\x01\"\xbc\x01\n\x0cRewardSource\x12\x0e\n\x06weight\x18\x01 \x01(\x01\x12\x1a\n\x10reward_policy_id\x18\x02 \x01(\tH\x00\x12\x35\n\x05judge\x18\x03 \x01(\x0b\x32$.flywheel.api.trainer.v1.JudgeRewardH\x00\x12?\n\nverifiable\x18\x04 \x01(\x0b\x32).flywheel.api.trainer.v1.VerifiableRewardH\x00\x42\x08\n\x06source\"+\n\x0bJudgeReward\x12\x0e\n\x06rubric\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x08\"M\n\x10VerifiableReward\x12\x1c\n\x12\x65xact_match_column\x18\x01 \x01(\tH\x00\x12\x12\n\x08\x63\x61llable\x18\x02 \x01(\tH\x00\x42\x07\n\x05\x63heck\"3\n\tMultiTurn\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\tmax_turns\x18\x02 \x01(\x05\"\xb5\x02\n\x0c\x44ryRunReport\x12\x0f\n\x07samples\x18\x01 \x01(\x03\x12\x1a\n\x12validation_samples\x18\x02 \x01(\x03\x12J\n\x0bscore_stats\x18\x03 \x03(\x0b\x32\x35.flywheel.api.trainer.v1.DryRunReport.ScoreStatsEntry\x12\x17\n\x0f\x65stimated_steps\x18\x04 \x01(\x03\x12\x19\n\x11\x65stimated_seconds\x18\x05 \x01(\x01\x12\x1e\n\x16\x65stimated_memory_bytes\x18\x06 \x01(\x01\x12\x13\n\x0bmean_tokens\x18\x07 \x01(\x01\x12\x10\n\x08warnings\x18\x08 \x03(\t\x1a\x31\n\x0fScoreStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xea\x04\n\x0bTrainingJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x36\n\x04spec\x18\x02 \x01(\x0b\x32(.flywheel.api.trainer.v1.TrainingJobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.flywheel.api.trainer.v1.JobState\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12\x42\n\x07metrics\x18\x06 \x03(\x0b\x32\x31.flywheel.api.trainer.v1.TrainingJob.MetricsEntry\x12\x11\n\tpolicy_id\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\r \x01(\x08\x12\x16\n\x0e\x63heckpoint_uri\x18\x0e \x01(\t\x12\x13\n\x0b\x61\x64\x61pter_uri\x18\x0f \x01(\t\x12\x10\n\x08\x61ttempts\x18\x10 \x01(\x05\x12\x0e\n\x06worker\x18\x11 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe0\x03\n\x06Policy\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x35\n\x06status\x18\x04 \x01(\x0e\x32%.flywheel.api.trainer.v1.PolicyStatus\x12\x33\n\x04kind\x18\x05 \x01(\x0e\x32%.flywheel.api.trainer.v1.TrainingKind\x12\x12\n\nbase_model\x18\x06 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x07 \x01(\t\x12\x0e\n\x06job_id\x18\x08 \x01(\t\x12\x13\n\x0b\x64\x61taset_uri\x18\t \x01(\t\x12\x18\n\x10parent_policy_id\x18\n \x01(\t\x12=\n\x07metrics\x18\x0b \x03(\x0b\x32,.flywheel.api.trainer.v1.Policy.MetricsEntry\x12.\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\xc2\x01\n\x0cTrainingKind\x12\x1d\n\x19TRAINING_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRAINING_KIND_REWARD_MODEL\x10\x01\x12\x15\n\x11TRAINING_KIND_SFT\x10\x02\x12\x15\n\x11TRAINING_KIND_DPO\x10\x03\x12\x15\n\x11TRAINING_KIND_KTO\x10\x04\x12\x16\n\x12TRAINING_KIND_GRPO\x10\x05\x12\x16\n\x12TRAINING_KIND_RLOO\x10\x06*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*\xd3\x01\n\x0cPolicyStatus\x12\x1d\n\x19POLICY_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18POLICY_STATUS_REGISTERED\x10\x01\x12\x18\n\x14POLICY_STATUS_CANARY\x10\x02\x12\x18\n\x14POLICY_STATUS_ACTIVE\x10\x03\x12\x19\n\x15POLICY_STATUS_RETIRED\x10\x04\x12\x1d\n\x19POLICY_STATUS_ROLLED_BACK\x10\x05\x12\x18\n\x14POLICY_STATUS_FAILED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.api.trainer.v1.jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DRYRUNREPORT_SCORESTATSENTRY']._loaded_options = None
+  _globals['_DRYRUNREPORT_SCORESTATSENTRY']._serialized_options = b'8\001'
   _globals['_TRAININGJOB_METRICSENTRY']._loaded_options = None
   _globals['_TRAININGJOB_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_POLICY_METRICSENTRY']._loaded_options = None
   _globals['_POLICY_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_TRAININGKIND']._serialized_start=1317
-  _globals['_TRAININGKIND']._serialized_end=1511
-  _globals['_JOBSTATE']._serialized_start=1514
-  _globals['_JOBSTATE']._serialized_end=1668
-  _globals['_POLICYSTATUS']._serialized_start=1671
-  _globals['_POLICYSTATUS']._serialized_end=1882
+  _globals['_TRAININGKIND']._serialized_start=2499
+  _globals['_TRAININGKIND']._serialized_end=2693
+  _globals['_JOBSTATE']._serialized_start=2696
+  _globals['_JOBSTATE']._serialized_end=2850
+  _globals['_POLICYSTATUS']._serialized_start=2853
+  _globals['_POLICYSTATUS']._serialized_end=3064
   _globals['_LORASPEC']._serialized_start=126
   _globals['_LORASPEC']._serialized_end=203
   _globals['_TRAININGJOBSPEC']._serialized_start=206
-  _globals['_TRAININGJOBSPEC']._serialized_end=460
-  _globals['_TRAININGJOB']._serialized_start=463
-  _globals['_TRAININGJOB']._serialized_end=831
-  _globals['_TRAININGJOB_METRICSENTRY']._serialized_start=785
-  _globals['_TRAININGJOB_METRICSENTRY']._serialized_end=831
-  _globals['_POLICY']._serialized_start=834
-  _globals['_POLICY']._serialized_end=1314
-  _globals['_POLICY_METRICSENTRY']._serialized_start=785
-  _globals['_POLICY_METRICSENTRY']._serialized_end=831
+  _globals['_TRAININGJOBSPEC']._serialized_end=712
+  _globals['_REWARDSOURCE']._serialized_start=715
+  _globals['_REWARDSOURCE']._serialized_end=903
+  _globals['_JUDGEREWARD']._serialized_start=905
+  _globals['_JUDGEREWARD']._serialized_end=948
+  _globals['_VERIFIABLEREWARD']._serialized_start=950
+  _globals['_VERIFIABLEREWARD']._serialized_end=1027
+  _globals['_MULTITURN']._serialized_start=1029
+  _globals['_MULTITURN']._serialized_end=1080
+  _globals['_DRYRUNREPORT']._serialized_start=1083
+  _globals['_DRYRUNREPORT']._serialized_end=1392
+  _globals['_DRYRUNREPORT_SCORESTATSENTRY']._serialized_start=1343
+  _globals['_DRYRUNREPORT_SCORESTATSENTRY']._serialized_end=1392
+  _globals['_TRAININGJOB']._serialized_start=1395
+  _globals['_TRAININGJOB']._serialized_end=2013
+  _globals['_TRAININGJOB_METRICSENTRY']._serialized_start=1967
+  _globals['_TRAININGJOB_METRICSENTRY']._serialized_end=2013
+  _globals['_POLICY']._serialized_start=2016
+  _globals['_POLICY']._serialized_end=2496
+  _globals['_POLICY_METRICSENTRY']._serialized_start=1967
+  _globals['_POLICY_METRICSENTRY']._serialized_end=2013
 # @@protoc_insertion_point(module_scope)

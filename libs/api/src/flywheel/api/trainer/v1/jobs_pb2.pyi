@@ -138,6 +138,12 @@ class TrainingJobSpec(_message.Message):
     HYPERPARAMETERS_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
     REWARD_POLICY_ID_FIELD_NUMBER: _builtins.int
+    POLICY_NAME_FIELD_NUMBER: _builtins.int
+    REWARDS_FIELD_NUMBER: _builtins.int
+    MULTI_TURN_FIELD_NUMBER: _builtins.int
+    EVAL_METRICS_FIELD_NUMBER: _builtins.int
+    PARENT_POLICY_ID_FIELD_NUMBER: _builtins.int
+    CANARY_TRAFFIC_CAP_FIELD_NUMBER: _builtins.int
     kind: Global___TrainingKind.ValueType
     base_model: _builtins.str
     """Base model name or object-store URI."""
@@ -146,12 +152,34 @@ class TrainingJobSpec(_message.Message):
     endpoint: _builtins.str
     """Endpoint whose canary arm the resulting policy becomes (optional)."""
     reward_policy_id: _builtins.str
-    """Reward model policy id, for GRPO/RLOO."""
+    """Reward model policy id, for GRPO/RLOO (shorthand for one RewardSource with weight 1)."""
+    policy_name: _builtins.str
+    """Name the resulting version is registered under (a subject token). Empty: the endpoint's
+    name when one is given, else "<kind>-policy".
+    """
+    parent_policy_id: _builtins.str
+    """Version this one is trained from (lineage; its adapter is not loaded)."""
+    canary_traffic_cap: _builtins.float
+    """Largest share of the endpoint's traffic the canary arm may get, (0, 1]; 0 means 0.1."""
     @_builtins.property
     def lora(self) -> Global___LoraSpec: ...
     @_builtins.property
     def hyperparameters(self) -> _struct_pb2.Struct:
         """Trainer hyperparameters (learning_rate, epochs, beta, ...)."""
+
+    @_builtins.property
+    def rewards(self) -> _containers.RepeatedCompositeFieldContainer[Global___RewardSource]:
+        """GRPO/RLOO: weighted rewards summed into one (at least one, or reward_policy_id)."""
+
+    @_builtins.property
+    def multi_turn(self) -> Global___MultiTurn:
+        """GRPO: conversations of several turns, driven by a simulated user or an environment."""
+
+    @_builtins.property
+    def eval_metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___VerifiableReward]:
+        """Verifiable metrics computed on the held-out split after training (besides the judge's win
+        rate for policies and the pairwise accuracy for reward models).
+        """
 
     def __init__(
         self,
@@ -163,14 +191,206 @@ class TrainingJobSpec(_message.Message):
         hyperparameters: _struct_pb2.Struct | None = ...,
         endpoint: _builtins.str = ...,
         reward_policy_id: _builtins.str = ...,
+        policy_name: _builtins.str = ...,
+        rewards: _abc.Iterable[Global___RewardSource] | None = ...,
+        multi_turn: Global___MultiTurn | None = ...,
+        eval_metrics: _abc.Iterable[Global___VerifiableReward] | None = ...,
+        parent_policy_id: _builtins.str = ...,
+        canary_traffic_cap: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hyperparameters", b"hyperparameters", "lora", b"lora"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hyperparameters", b"hyperparameters", "lora", b"lora", "multi_turn", b"multi_turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "dataset_uri", b"dataset_uri", "endpoint", b"endpoint", "hyperparameters", b"hyperparameters", "kind", b"kind", "lora", b"lora", "reward_policy_id", b"reward_policy_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "canary_traffic_cap", b"canary_traffic_cap", "dataset_uri", b"dataset_uri", "endpoint", b"endpoint", "eval_metrics", b"eval_metrics", "hyperparameters", b"hyperparameters", "kind", b"kind", "lora", b"lora", "multi_turn", b"multi_turn", "parent_policy_id", b"parent_policy_id", "policy_name", b"policy_name", "reward_policy_id", b"reward_policy_id", "rewards", b"rewards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TrainingJobSpec: _TypeAlias = TrainingJobSpec  # noqa: Y015
+
+@_typing.final
+class RewardSource(_message.Message):
+    """A reward for GRPO/RLOO: one source, weighted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    REWARD_POLICY_ID_FIELD_NUMBER: _builtins.int
+    JUDGE_FIELD_NUMBER: _builtins.int
+    VERIFIABLE_FIELD_NUMBER: _builtins.int
+    weight: _builtins.float
+    reward_policy_id: _builtins.str
+    """A registered reward-model version (kind REWARD_MODEL) scoring prompt + completion."""
+    @_builtins.property
+    def judge(self) -> Global___JudgeReward:
+        """The reward judge service (Score with this rubric; Rank when rank is set)."""
+
+    @_builtins.property
+    def verifiable(self) -> Global___VerifiableReward: ...
+    def __init__(
+        self,
+        *,
+        weight: _builtins.float = ...,
+        reward_policy_id: _builtins.str = ...,
+        judge: Global___JudgeReward | None = ...,
+        verifiable: Global___VerifiableReward | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["judge", b"judge", "reward_policy_id", b"reward_policy_id", "source", b"source", "verifiable", b"verifiable"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["judge", b"judge", "reward_policy_id", b"reward_policy_id", "source", b"source", "verifiable", b"verifiable", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["reward_policy_id", "judge", "verifiable"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___RewardSource: _TypeAlias = RewardSource  # noqa: Y015
+
+@_typing.final
+class JudgeReward(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUBRIC_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    rubric: _builtins.str
+    """Rubric name; empty means "default"."""
+    rank: _builtins.bool
+    """Score each group's completions together with Rank (relative judgement) instead of one by one."""
+    def __init__(
+        self,
+        *,
+        rubric: _builtins.str = ...,
+        rank: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rank", b"rank", "rubric", b"rubric"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JudgeReward: _TypeAlias = JudgeReward  # noqa: Y015
+
+@_typing.final
+class VerifiableReward(_message.Message):
+    """A reward computed from the completion alone, as the evaluator's metrics are."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXACT_MATCH_COLUMN_FIELD_NUMBER: _builtins.int
+    CALLABLE_FIELD_NUMBER: _builtins.int
+    exact_match_column: _builtins.str
+    """1 when the completion equals this dataset column (normalised), else 0."""
+    callable: _builtins.str
+    """'module:function' (the run policy's allowed modules only), called as
+    f(prompts=, completions=, **columns) -> list of float or None.
+    """
+    def __init__(
+        self,
+        *,
+        exact_match_column: _builtins.str = ...,
+        callable: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["callable", b"callable", "check", b"check", "exact_match_column", b"exact_match_column"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callable", b"callable", "check", b"check", "exact_match_column", b"exact_match_column"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_check: _TypeAlias = _typing.Literal["exact_match_column", "callable"]  # noqa: Y015
+    _WhichOneofArgType_check: _TypeAlias = _typing.Literal["check", b"check"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_check) -> _WhichOneofReturnType_check | None: ...
+
+Global___VerifiableReward: _TypeAlias = VerifiableReward  # noqa: Y015
+
+@_typing.final
+class MultiTurn(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    MAX_TURNS_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    """'module:function' returning a fresh environment object per rollout (TRL's
+    environment_factory): its public methods are the tools the model may call; or a simulated
+    user: a callable (history) -> next user message or None to end (allowed modules only).
+    """
+    max_turns: _builtins.int
+    """Most assistant turns per conversation."""
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        max_turns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "max_turns", b"max_turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiTurn: _TypeAlias = MultiTurn  # noqa: Y015
+
+@_typing.final
+class DryRunReport(_message.Message):
+    """What a dry run found, without training or queueing anything."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ScoreStatsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    VALIDATION_SAMPLES_FIELD_NUMBER: _builtins.int
+    SCORE_STATS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_STEPS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_SECONDS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEAN_TOKENS_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    samples: _builtins.int
+    validation_samples: _builtins.int
+    estimated_steps: _builtins.int
+    estimated_seconds: _builtins.float
+    estimated_memory_bytes: _builtins.float
+    """Peak accelerator (or host) memory the run is expected to need."""
+    mean_tokens: _builtins.float
+    """Tokens per sample (mean), measured with the base model's tokenizer."""
+    @_builtins.property
+    def score_stats(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Statistics of the dataset's scores or margins (count, mean, std, min, max), when it has any."""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        samples: _builtins.int = ...,
+        validation_samples: _builtins.int = ...,
+        score_stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        estimated_steps: _builtins.int = ...,
+        estimated_seconds: _builtins.float = ...,
+        estimated_memory_bytes: _builtins.float = ...,
+        mean_tokens: _builtins.float = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_memory_bytes", b"estimated_memory_bytes", "estimated_seconds", b"estimated_seconds", "estimated_steps", b"estimated_steps", "mean_tokens", b"mean_tokens", "samples", b"samples", "score_stats", b"score_stats", "validation_samples", b"validation_samples", "warnings", b"warnings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DryRunReport: _TypeAlias = DryRunReport  # noqa: Y015
 
 @_typing.final
 class TrainingJob(_message.Message):
@@ -205,6 +425,14 @@ class TrainingJob(_message.Message):
     POLICY_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_URI_FIELD_NUMBER: _builtins.int
+    ADAPTER_URI_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: Global___JobState.ValueType
     step: _builtins.int
@@ -212,12 +440,27 @@ class TrainingJob(_message.Message):
     policy_id: _builtins.str
     """Policy registered when the job succeeded."""
     error: _builtins.str
+    cancel_requested: _builtins.bool
+    """CancelJob was called on the running job: it stops at its next step."""
+    checkpoint_uri: _builtins.str
+    """Object-store URI of the last checkpoint (resumable state) and of the final adapter."""
+    adapter_uri: _builtins.str
+    attempts: _builtins.int
+    """How many times a trainer picked the job up (more than one after a crash or redelivery)."""
+    worker: _builtins.str
+    """The replica running (or that last ran) it."""
     @_builtins.property
     def spec(self) -> Global___TrainingJobSpec: ...
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -230,10 +473,18 @@ class TrainingJob(_message.Message):
         policy_id: _builtins.str = ...,
         error: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+        cancel_requested: _builtins.bool = ...,
+        checkpoint_uri: _builtins.str = ...,
+        adapter_uri: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        worker: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "spec", b"spec", "started_at", b"started_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "error", b"error", "job_id", b"job_id", "metrics", b"metrics", "policy_id", b"policy_id", "spec", b"spec", "state", b"state", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_uri", b"adapter_uri", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "checkpoint_uri", b"checkpoint_uri", "created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "job_id", b"job_id", "metrics", b"metrics", "policy_id", b"policy_id", "spec", b"spec", "started_at", b"started_at", "state", b"state", "step", b"step", "total_steps", b"total_steps", "updated_at", b"updated_at", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

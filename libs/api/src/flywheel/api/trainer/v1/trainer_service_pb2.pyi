@@ -24,16 +24,20 @@ class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPEC_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """Check the job and estimate it: nothing is stored, queued or trained."""
     @_builtins.property
     def spec(self) -> _jobs_pb2.TrainingJobSpec: ...
     def __init__(
         self,
         *,
         spec: _jobs_pb2.TrainingJobSpec | None = ...,
+        dry_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -44,16 +48,24 @@ class SubmitJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def job(self) -> _jobs_pb2.TrainingJob: ...
+    def job(self) -> _jobs_pb2.TrainingJob:
+        """Unset for a dry run."""
+
+    @_builtins.property
+    def dry_run(self) -> _jobs_pb2.DryRunReport:
+        """Set for a dry run."""
+
     def __init__(
         self,
         *,
         job: _jobs_pb2.TrainingJob | None = ...,
+        dry_run: _jobs_pb2.DryRunReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "job", b"job"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -103,15 +115,20 @@ class ListJobsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
     state: _jobs_pb2.JobState.ValueType
+    """UNSPECIFIED: every state."""
+    limit: _builtins.int
+    """Most recent first; 0 means 100 (at most 1000)."""
     def __init__(
         self,
         *,
         state: _jobs_pb2.JobState.ValueType = ...,
+        limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
