@@ -1,9 +1,25 @@
 """Trainer settings (env prefix ``FLYWHEEL_TRAINER_``)."""
 
-from pydantic import Field
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import Field, FilePath, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.core.settings import DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
+from flywheel.api.tls import ClientTls
+from flywheel.core.run_policy import RunPolicySettings
+from flywheel.core.settings import (
+    DatabaseSettings,
+    NatsSettings,
+    S3Settings,
+    ServiceSettings,
+    client_link_problem,
+)
+
+LINKS = ("judge", "optimizer")
 
 
 class TrainerSettings(ServiceSettings):
@@ -13,7 +29,102 @@ class TrainerSettings(ServiceSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
     db: DatabaseSettings = Field(default_factory=DatabaseSettings)  # type: ignore[arg-type]
     s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]
+    # Which callables a job may name (verifiable rewards, multi-turn environments): the same
+    # FLYWHEEL_RUN_POLICY_* the optimizer and evaluators read. Refuses every module by default.
+    policy: RunPolicySettings = Field(default_factory=RunPolicySettings)
     # Policy events left unpublished (bus down after a change committed) are published again
     # by a sweep every policy_event_sweep_s, once older than policy_event_grace_s.
     policy_event_sweep_s: float = Field(10.0, gt=0)
     policy_event_grace_s: float = Field(5.0, ge=0)
+
+    # -- jobs ---------------------------------------------------------------------------------
+    # Run training jobs from the work queue in this replica (false: gRPC and registry only,
+    # e.g. a CPU-only control-plane replica beside GPU workers).
+    run_jobs: bool = True
+    # Scratch space for datasets, base models from S3 and checkpoints of the running job.
+    work_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "flywheel" / "trainer")
+    # The running job's message is marked in progress this often (the consumer's ack_wait is
+    # 30 min): a replica killed mid-job has its job redelivered after ack_wait.
+    heartbeat_s: float = Field(30.0, gt=0)
+    # Overrides the catalogue's ack wait of trainer-jobs (how soon a dead replica's job returns).
+    ack_wait_s: float | None = Field(None, gt=0)
+    # How often a running job checks whether CancelJob was called.
+    cancel_poll_s: float = Field(2.0, gt=0)
+    # Checkpoint every this many optimizer steps unless the job's hyperparameters say otherwise.
+    save_steps: int = Field(50, gt=0)
+    # A job that fails this many times (crash after crash) is marked FAILED instead of retried.
+    max_attempts: int = Field(3, ge=1, le=20)
+    # Name of this replica in job records and progress events; empty: hostname-pid.
+    replica_id: str = ""
+    # Held-out evaluation after training: prompts judged (policy) / pairs scored (reward model).
+    eval_max_samples: int = Field(64, ge=1, le=10_000)
+    eval_max_new_tokens: int = Field(64, ge=1, le=4096)
+    # Jobs kept in PostgreSQL (finished ones older than this are deleted).
+    job_retention_days: float = Field(90.0, gt=0)
+
+    # -- links to other services ----------------------------------------------------------------
+    # Reward judge (GRPO/RLOO judge rewards; the win rate of a trained policy against its base).
+    judge_address: str = ""
+    judge_auth_token: SecretStr | None = None
+    judge_timeout_s: float = Field(60.0, gt=0)
+    judge_tls: bool = False
+    judge_tls_ca_file: FilePath | None = None
+    judge_tls_cert_file: FilePath | None = None
+    judge_tls_key_file: FilePath | None = None
+    judge_tls_server_name: str | None = None
+    judge_allow_insecure: bool = False
+    # Optimizer (a job naming an endpoint enrols its version as a canary arm there; the registry
+    # follows the bandit's verdict on that arm).
+    optimizer_address: str = ""
+    optimizer_auth_token: SecretStr | None = None
+    optimizer_timeout_s: float = Field(10.0, gt=0)
+    optimizer_tls: bool = False
+    optimizer_tls_ca_file: FilePath | None = None
+    optimizer_tls_cert_file: FilePath | None = None
+    optimizer_tls_key_file: FilePath | None = None
+    optimizer_tls_server_name: str | None = None
+    optimizer_allow_insecure: bool = False
+    # How often canary versions are compared with their arm's status in the optimizer.
+    canary_follow_s: float = Field(5.0, gt=0)
+    # Model server (OpenAI-compatible, vLLM's runtime LoRA API) that serves new versions; empty:
+    # versions are registered and enrolled but nothing is asked to load them.
+    modelserver_url: str = ""
+    modelserver_api_key: SecretStr | None = None
+
+    @property
+    def worker(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def link_tls(self, link: str) -> ClientTls | None:
+        """TLS for the ``judge`` or ``optimizer`` link, or None for plaintext."""
+        files = {k: getattr(self, f"{link}_tls_{k}") for k in ("ca_file", "cert_file", "key_file", "server_name")}
+        if not (getattr(self, f"{link}_tls") or any(files.values())):
+            return None
+        return ClientTls.from_files(**files)
+
+    def link_token(self, link: str) -> str | None:
+        token = getattr(self, f"{link}_auth_token")
+        return token.get_secret_value() if token is not None else None
+
+    @model_validator(mode="after")
+    def _links(self) -> TrainerSettings:
+        var = type(self).env_var
+        for link in LINKS:
+            if (getattr(self, f"{link}_tls_cert_file") is None) != (getattr(self, f"{link}_tls_key_file") is None):
+                cert, key = var(f"{link}_tls_cert_file"), var(f"{link}_tls_key_file")
+                raise ValueError(f"set both {cert} and {key}, or neither")
+            problem = client_link_problem(
+                name=link.replace("judge", "reward judge"),
+                address=getattr(self, f"{link}_address"),
+                token=getattr(self, f"{link}_auth_token") is not None,
+                tls=self.link_tls(link) is not None,
+                allow_insecure=getattr(self, f"{link}_allow_insecure"),
+                env={
+                    "address": var(f"{link}_address"),
+                    "tls": var(f"{link}_tls"),
+                    "allow_insecure": var(f"{link}_allow_insecure"),
+                },
+            )
+            if problem:
+                raise ValueError(problem)
+        return self
