@@ -15,7 +15,7 @@ from flywheel.core.infra import connect_bus
 from flywheel.core.lifecycle import ServiceParts
 from flywheel.evaluator.consumer import WorkQueueConsumer
 from flywheel.evaluator.handlers import EvaluationHandler
-from flywheel.evaluator.judge import JudgeClient
+from flywheel.evaluator.judge import ADDRESS_SETTING, JudgeClient
 from flywheel.evaluator.service import Evaluator
 from flywheel.evaluator.settings import EvaluatorSettings
 
@@ -37,6 +37,7 @@ async def build(settings: EvaluatorSettings, parts: ServiceParts) -> None:
         if settings.judge_tls_on
         else None,
         timeout_s=settings.judge_timeout_s,
+        address_setting=ADDRESS_SETTING,
     )
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.concurrency * 2), trust_env=False)
     parts.closers += [judge.close, http.aclose]

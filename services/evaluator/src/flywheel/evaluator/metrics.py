@@ -8,19 +8,16 @@ import asyncio
 import inspect
 import json
 import math
-import re
-import string
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.api.evaluator.v1.events_pb2 import Metric, MetricType
 from flywheel.api.reward.v1 import reward_judge_service_pb2 as judge_pb
 from flywheel.core.run_policy import RunPolicySettings
+from flywheel.core.text_metrics import exact_match, token_f1
 from flywheel.evaluator.judge import JudgeClient, JudgeUnavailable
 from flywheel.evaluator.targets import CallResult, TargetError, resolve_callable
 
-_WORD = re.compile(r"\w+", re.UNICODE)
 TYPE_NAMES = {
     "exact_match": MetricType.METRIC_TYPE_EXACT_MATCH,
     "similarity": MetricType.METRIC_TYPE_SIMILARITY,
@@ -29,28 +26,6 @@ TYPE_NAMES = {
     "custom": MetricType.METRIC_TYPE_CUSTOM,
     "llm_judge": MetricType.METRIC_TYPE_LLM_JUDGE,
 }
-
-
-def normalise(text: str) -> str:
-    """Case-folded, whitespace collapsed, surrounding punctuation stripped."""
-    return " ".join(text.casefold().split()).strip(string.punctuation + " ")
-
-
-def exact_match(output: str, expected: str) -> float:
-    return 1.0 if normalise(output) == normalise(expected) else 0.0
-
-
-def token_f1(output: str, expected: str) -> float:
-    """SQuAD-style token F1 between the output and the expected answer."""
-    got = _WORD.findall(output.casefold())
-    want = _WORD.findall(expected.casefold())
-    if not got or not want:
-        return float(got == want)
-    common = sum((Counter(got) & Counter(want)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(got), common / len(want)
-    return 2 * precision * recall / (precision + recall)
 
 
 def lower_is_better(value: float, target: float) -> float:

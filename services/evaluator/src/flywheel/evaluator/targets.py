@@ -12,7 +12,6 @@ so nothing reaches a secret, code or host the policy refuses even if validation 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from flywheel.api.evaluator.v1.events_pb2 import HttpTarget, LlmTarget
+from flywheel.core import callables
 from flywheel.core.llm import LlmClient, LlmSettings, load_litellm
 from flywheel.core.run_policy import RunPolicySettings, env_names
 from flywheel.evaluator.templating import TemplateError, lookup, render_body, render_text
@@ -250,26 +250,13 @@ async def call_http(
 
 # -- Python -----------------------------------------------------------------------------------
 def resolve_callable(path: str, *, what: str, policy: RunPolicySettings) -> Callable[..., Any]:
-    """Import ``package.module:function`` if the policy allows it; TargetError naming the
-    problem if it does not, or if it fails."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise TargetError(f"{what} {path!r} must look like 'package.module:function'", retryable=False)
-    problem = policy.callable_problem(path)
-    if problem:
-        raise TargetError(f"{what}: {problem}", retryable=False)
+    """Import ``package.module:function`` if the policy allows it (the checks of
+    :func:`flywheel.core.callables.resolve_callable`, shared with the trainer); TargetError
+    naming the problem if it does not, or if it fails."""
     try:
-        found: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise TargetError(f"{what} {path!r} cannot be imported: {exc}", retryable=False) from None
-    problem = policy.check_resolved(path, found)
-    if problem:
-        raise TargetError(f"{what}: {problem}", retryable=False)
-    if not callable(found):
-        raise TargetError(f"{what} {path!r} is not callable", retryable=False)
-    return found  # type: ignore[no-any-return]
+        return callables.resolve_callable(path, what=what, policy=policy)
+    except callables.CallableRefused as exc:
+        raise TargetError(str(exc), retryable=False) from None
 
 
 async def call_python(path: str, ctx: CallContext, *, policy: RunPolicySettings) -> CallResult:

@@ -7,16 +7,13 @@ is marked ``fallback_used`` by the caller; they are never averaged with LLM scor
 from __future__ import annotations
 
 import importlib.util
-import re
-import string
 import threading
-from collections import Counter
 from functools import cache
 from typing import Any
 
+from flywheel.core import text_metrics
 from flywheel.reward_judge.trace_rewards import answer_depth, answer_structure
 
-_WORD = re.compile(r"\w+", re.UNICODE)
 _STOP_WORDS = (
     "a an the of to in on for and or is are was were be been it this that with as at by from how what why "
     "when which who do does did can could should would i you we they he she my your our their me"
@@ -24,31 +21,21 @@ _STOP_WORDS = (
 _STOP = frozenset(_STOP_WORDS.split())
 
 
-def normalize(text: str) -> str:
-    """Lowercase, no punctuation, no articles, single spaces (SQuAD-style)."""
-    text = text.lower().translate(str.maketrans("", "", string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
+def tokens(text: str) -> list[str]:
+    return text_metrics.words(text, squad=True)
 
 
 def exact_match(response: str, reference: str) -> float:
-    return 1.0 if normalize(response) == normalize(reference) and reference.strip() else 0.0
-
-
-def tokens(text: str) -> list[str]:
-    return _WORD.findall(normalize(text))
+    """SQuAD exact match (:mod:`flywheel.core.text_metrics`); a blank reference earns nothing."""
+    return text_metrics.exact_match(response, reference, squad=True) if reference.strip() else 0.0
 
 
 def token_f1(response: str, reference: str) -> float:
-    """Harmonic mean of token precision and recall against the reference (bag of words)."""
-    r, g = tokens(response), tokens(reference)
-    if not r or not g:
+    """SQuAD token F1 (:mod:`flywheel.core.text_metrics`); a side without words earns nothing
+    (a judge never rewards an empty answer, even against an empty reference)."""
+    if not tokens(response) or not tokens(reference):
         return 0.0
-    common = sum((Counter(r) & Counter(g)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(r), common / len(g)
-    return 2 * precision * recall / (precision + recall)
+    return text_metrics.token_f1(response, reference, squad=True)
 
 
 def relevance(response: str, prompt: str) -> float:
