@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -98,11 +98,13 @@ def train(
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     resume_from: str | Path | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> TrainResult:
     """Train ``spec.kind`` with LoRA on ``dataset_rows`` until ``spec.max_steps`` (or until
     ``should_stop()``), writing checkpoints, the adapter and training_results.json under
     ``output_dir``. ``resume_from``: a checkpoint directory; the step counter, optimizer and
-    scheduler continue from it."""
+    scheduler continue from it. ``callbacks``: more transformers TrainerCallbacks (the job
+    runner's checkpoint upload)."""
     from datasets import Dataset
 
     started = time.monotonic()
@@ -123,7 +125,7 @@ def train(
         tokenizer=loaded.tokenizer,
         dataset=Dataset.from_list(rows),
         peft_config=peft_config,
-        callbacks=[callback],
+        callbacks=[callback, *callbacks],
         checkpoints=out / "checkpoints",
         device=loaded.device,
         reward=reward,
