@@ -11,9 +11,9 @@ import httpx
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest
 from flywheel.api.tls import ClientTls
 from flywheel.core import entrypoint
+from flywheel.core.bus.work_queue import WorkQueueConsumer
 from flywheel.core.infra import connect_bus
 from flywheel.core.lifecycle import ServiceParts
-from flywheel.evaluator.consumer import WorkQueueConsumer
 from flywheel.evaluator.handlers import EvaluationHandler
 from flywheel.evaluator.judge import ADDRESS_SETTING, JudgeClient
 from flywheel.evaluator.service import Evaluator

@@ -1,5 +1,5 @@
-"""The work-queue consumer: the core pull loop (decode, dead-letter, settle), but with
-each request handled on its own as soon as it arrives, up to ``concurrency`` at once, and
+"""The work-queue consumer of evaluators and trainers: the core pull loop (decode,
+dead-letter, settle), but with each request handled on its own as soon as it arrives, up to ``concurrency`` at once, and
 kept alive with in-progress acks while a slow target answers.
 
 The core loop settles a fetched batch together, so one slow LLM call would hold back the
