@@ -1,4 +1,5 @@
-"""``flywheel``: manage endpoints and evaluate policies from the command line.
+"""``flywheel``: manage endpoints, evaluate policies, run optimizations and train policies
+from the command line.
 
     flywheel endpoint apply endpoint.yaml [--dry-run]   # create, or update to match the file
     flywheel endpoint get support-bot [--json]          # arms, posteriors, incumbent
@@ -7,15 +8,19 @@
     flywheel init [--output optimization.yaml]         # ask questions, write a run config
     flywheel optimize optimization.yaml [--no-wait]    # run it: progress, best config, results
     flywheel runs list [--json] | show RUN_ID [--json] | download RUN_ID [--output DIR] | cancel RUN_ID
+    flywheel train submit --kind dpo --dataset URI --base-model tiny [--dry-run | --wait]  # cli_train
+    flywheel train list | show JOB_ID | cancel JOB_ID
+    flywheel policies list [--name N] | show POLICY_ID | promote POLICY_ID | rollback NAME  # cli_policies
 
 The endpoint file's schema is documented in ``flywheel.sdk.endpoint_file`` (and
 ``libs/sdk/examples/endpoint.yaml``). The optimizer is ``--target`` or
-``$FLYWHEEL_OPTIMIZER_ADDRESS`` (default 127.0.0.1:50051); the bearer token is
+``$FLYWHEEL_OPTIMIZER_ADDRESS`` (default 127.0.0.1:50051), the trainer (``train``,
+``policies``) ``--target`` or ``$FLYWHEEL_TRAINER_ADDRESS`` (default 127.0.0.1:50056); the bearer token is
 ``$FLYWHEEL_AUTH_TOKEN`` or the contents of ``--auth-token-file`` (never a flag value, so
 it stays out of process listings). TLS is on with any of ``--tls-ca``, ``--tls-cert`` and
 ``--tls-key`` (mTLS) or ``--tls-server-name``, or their ``$FLYWHEEL_TLS_CA_FILE``,
 ``$FLYWHEEL_TLS_CERT_FILE``, ``$FLYWHEEL_TLS_KEY_FILE``, ``$FLYWHEEL_TLS_SERVER_NAME``.
-Errors are one line on stderr and exit code 1; an optimizer that cannot be reached adds a
+Errors are one line on stderr and exit code 1; a service that cannot be reached adds a
 ``hint:`` line saying how to point the CLI at the stack (``eval "$(flywheel-stack env)"``).
 A closed stdout (``flywheel runs list | head``) ends the command quietly with exit code 141,
 as a program killed by SIGPIPE would (what ``set -o pipefail`` scripts expect).
@@ -40,8 +45,19 @@ from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
 from flywheel.api.optimizer.v1 import runs_pb2 as runs_pb
 from flywheel.api.values import plain_number
-from flywheel.sdk._transport import tls_from_env
 from flywheel.sdk.admin import AdminClient, ApplyConflict, apply_plan, plan_apply
+from flywheel.sdk.cli_common import (
+    OPTIMIZER,
+    CliError,
+    connection,
+    connection_hint,
+    connection_options,
+    one_line,
+    service_of,
+    table,
+)
+from flywheel.sdk.cli_policies import add_parsers as add_policies_parsers
+from flywheel.sdk.cli_train import add_parsers as add_train_parsers
 from flywheel.sdk.endpoint_file import (
     ALLOCATION_FROM_PB,
     KIND_FROM_PB,
@@ -68,22 +84,12 @@ from flywheel.sdk.runs import (
     load_run_file,
 )
 
-DEFAULT_TARGET = "127.0.0.1:50051"
+DEFAULT_TARGET = OPTIMIZER.default
 _ESTIMATOR_NAMES = {
     ope_pb.ESTIMATOR_IPS: "IPS",
     ope_pb.ESTIMATOR_SNIPS: "SNIPS",
     ope_pb.ESTIMATOR_DOUBLY_ROBUST: "DR",
 }
-
-
-class CliError(Exception):
-    """A problem to report as one line, exit code 1."""
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
 
 
 def _f(x: float, digits: int = 3) -> str:
@@ -126,56 +132,12 @@ def confidence(text: str) -> float:
     return value
 
 
-# ---- connection -----------------------------------------------------------------------
-
-
-def _connection(args: argparse.Namespace) -> dict[str, Any]:
-    target = getattr(args, "target", None) or os.environ.get("FLYWHEEL_OPTIMIZER_ADDRESS") or DEFAULT_TARGET
-    args.resolved_target = target
-    token = os.environ.get("FLYWHEEL_AUTH_TOKEN") or None
-    token_file = getattr(args, "auth_token_file", None)
-    if token_file is not None:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise CliError(f"--auth-token-file {token_file}: {exc.strerror or exc}") from None
-    try:
-        tls = tls_from_env(os.environ)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    for flag, key in _TLS_FLAGS:  # a flag wins over its environment variable
-        path = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
-        if path is not None:
-            try:
-                tls[key] = Path(path).read_bytes()
-            except OSError as exc:
-                raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
-    if ("tls_certificate_chain" in tls) != ("tls_private_key" in tls):
-        raise CliError("--tls-cert and --tls-key go together ($FLYWHEEL_TLS_CERT_FILE, $FLYWHEEL_TLS_KEY_FILE)")
-    if getattr(args, "tls_server_name", None):
-        tls["tls_server_name"] = args.tls_server_name
-    return {
-        "target": target,
-        "auth_token": token,
-        **tls,
-        "timeout_s": getattr(args, "timeout", None) or 10.0,
-    }
-
-
-# flag and client argument; TLS is on when any of them (or its FLYWHEEL_TLS_* variable) is set.
-_TLS_FLAGS = (
-    ("--tls-ca", "tls_root_certificates"),
-    ("--tls-cert", "tls_certificate_chain"),
-    ("--tls-key", "tls_private_key"),
-)
-
-
 def _admin(args: argparse.Namespace) -> AdminClient:
-    return AdminClient(**_connection(args))
+    return AdminClient(**connection(args))
 
 
 def _runs(args: argparse.Namespace) -> RunsClient:
-    return RunsClient(**_connection(args))
+    return RunsClient(**connection(args))
 
 
 # ---- commands -------------------------------------------------------------------------
@@ -404,7 +366,7 @@ def _print_failures(run: runs_pb.Run, indent: str = "") -> None:
         f" ({run.evaluations_timed_out} timed out)"
     )
     for e in run.top_errors[:3]:
-        print(f"{indent}  {e.count} x {_one_line(e.message)}")
+        print(f"{indent}  {e.count} x {one_line(e.message)}")
 
 
 def _print_warnings(run: runs_pb.Run) -> None:
@@ -537,7 +499,7 @@ def _follow(runs: RunsClient, run_id: str, *, log: Any) -> runs_pb.Run:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or failures >= _WATCH_RETRIES:  # type: ignore[attr-defined]
                     raise
                 failures += 1
-                bar.write(f"lost the optimizer ({_one_line(exc.details() or '')}); reconnecting", file=sys.stderr)  # type: ignore[attr-defined]
+                bar.write(f"lost the optimizer ({one_line(exc.details() or '')}); reconnecting", file=sys.stderr)  # type: ignore[attr-defined]
             if failures > _WATCH_RETRIES:
                 raise CliError(
                     f"the progress stream keeps ending while run {run_id} goes on; see: flywheel runs show {run_id}"
@@ -630,7 +592,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"generation   {run.generation}/{run.generations_total}")
     print(f"best score   {run.best_score:.4f}" if run.generation else "best score   -")
     if run.error:
-        print(f"error        {_one_line(run.error)}")
+        print(f"error        {one_line(run.error)}")
     print(f"evaluations  {run.evaluations_done} of {run.evaluations_total}")
     if run.evaluations_failed:
         print("failed", end="")
@@ -676,57 +638,14 @@ def cmd_runs_cancel(args: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------
 
 
-def _connection_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection")
-    group.add_argument(
-        "--target",
-        metavar="HOST:PORT",
-        default=argparse.SUPPRESS,
-        help=f"optimizer gRPC address (default $FLYWHEEL_OPTIMIZER_ADDRESS or {DEFAULT_TARGET})",
-    )
-    group.add_argument(
-        "--auth-token-file",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="file holding the bearer token (default $FLYWHEEL_AUTH_TOKEN)",
-    )
-    group.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="PEM root certificates: connect with TLS (default $FLYWHEEL_TLS_CA_FILE)",
-    )
-    group.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="PEM client certificate, for a server that requires mTLS (default $FLYWHEEL_TLS_CERT_FILE)",
-    )
-    group.add_argument(
-        "--tls-key",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="PEM private key of --tls-cert (default $FLYWHEEL_TLS_KEY_FILE)",
-    )
-    group.add_argument(
-        "--tls-server-name",
-        metavar="NAME",
-        default=argparse.SUPPRESS,
-        help="name to expect in the server's certificate, when the target's host is not in it; implies TLS "
-        "(default $FLYWHEEL_TLS_SERVER_NAME)",
-    )
-    group.add_argument(
-        "--timeout", metavar="SECONDS", type=float, default=argparse.SUPPRESS, help="per-call timeout (default 10)"
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flywheel",
-        description="Manage Flywheel endpoints, evaluate policies offline and run batch optimizations.",
+        description="Manage Flywheel endpoints, evaluate policies offline, run batch optimizations, "
+        "train policies and manage their versions.",
         epilog="Errors are printed as one line on stderr with exit code 1.",
     )
-    _connection_options(parser)
+    connection_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     endpoint = commands.add_parser("endpoint", help="create, update and inspect endpoints")
@@ -742,18 +661,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("file", metavar="FILE.yaml")
     apply.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    _connection_options(apply)
+    connection_options(apply)
     apply.set_defaults(func=cmd_apply)
 
     get = ep_commands.add_parser("get", help="show an endpoint's arms, posteriors and incumbent")
     get.add_argument("name")
     get.add_argument("--json", action="store_true", help="print the endpoint as JSON")
-    _connection_options(get)
+    connection_options(get)
     get.set_defaults(func=cmd_get)
 
     lst = ep_commands.add_parser("list", help="list endpoints")
     lst.add_argument("--json", action="store_true", help="print the endpoints as JSON")
-    _connection_options(lst)
+    connection_options(lst)
     lst.set_defaults(func=cmd_list)
 
     ope = commands.add_parser(
@@ -777,9 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
     ope.add_argument("--until", type=iso_time, metavar="ISO", help="decisions before this time (UTC if no zone)")
     ope.add_argument("--confidence", type=confidence, default=0.95, help="interval confidence level (default 0.95)")
     ope.add_argument("--json", action="store_true", help="print the result as JSON")
-    _connection_options(ope)
+    connection_options(ope)
     ope.set_defaults(func=cmd_ope)
     _run_parsers(commands)
+    add_train_parsers(commands)
+    add_policies_parsers(commands)
     return parser
 
 
@@ -844,7 +765,7 @@ def _run_parsers(commands: Any) -> None:
     optimize.add_argument("--no-wait", action="store_true", help="print the run id and return")
     optimize.add_argument("--json", action="store_true", help="print the finished run as JSON (progress on stderr)")
     optimize.add_argument("--cancel-on-interrupt", action="store_true", help="Ctrl-C cancels the run without asking")
-    _connection_options(optimize)
+    connection_options(optimize)
     optimize.set_defaults(func=cmd_optimize)
 
     runs = commands.add_parser("runs", help="list, inspect, download and cancel optimization runs")
@@ -853,17 +774,17 @@ def _run_parsers(commands: Any) -> None:
     lst.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     lst.add_argument("--state", choices=sorted(STATE_FROM_NAME), help="only runs in this state")
     lst.add_argument("--json", action="store_true", help="print the runs as JSON")
-    _connection_options(lst)
+    connection_options(lst)
     lst.set_defaults(func=cmd_runs_list)
     show = run_commands.add_parser("show", help="a run's state, best config and result files")
     show.add_argument("run_id", metavar="RUN_ID")
     show.add_argument("--json", action="store_true", help="print the run as JSON")
-    _connection_options(show)
+    connection_options(show)
     show.set_defaults(func=cmd_runs_show)
     download = run_commands.add_parser("download", help=f"write a run's result files ({', '.join(ARTIFACT_NAMES)})")
     download.add_argument("run_id", metavar="RUN_ID")
     download.add_argument("--output", "-o", metavar="DIR", help="folder to write to (default ./RUN_ID)")
-    _connection_options(download)
+    connection_options(download)
     download.set_defaults(func=cmd_runs_download)
     cancel = run_commands.add_parser(
         "cancel",
@@ -872,7 +793,7 @@ def _run_parsers(commands: Any) -> None:
         "ignored). Exit code 1 if the run is not running (pending, or already ended).",
     )
     cancel.add_argument("run_id", metavar="RUN_ID")
-    _connection_options(cancel)
+    connection_options(cancel)
     cancel.set_defaults(func=cmd_runs_cancel)
 
 
@@ -890,27 +811,8 @@ def _max_tokens(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 # Exit code of a command whose reader went away: what a shell reports for death by SIGPIPE.
 BROKEN_PIPE_EXIT = 141
-
-
-def _connection_hint(args: argparse.Namespace) -> str:
-    """How to point the CLI at a stack, and where the address it tried came from."""
-    if getattr(args, "target", None):
-        source = "--target"
-    elif os.environ.get("FLYWHEEL_OPTIMIZER_ADDRESS"):
-        source = "$FLYWHEEL_OPTIMIZER_ADDRESS"
-    else:
-        source = "the default"
-    return (
-        f"hint: {getattr(args, 'resolved_target', DEFAULT_TARGET)} came from {source}. Is the stack up "
-        '(flywheel-stack up)? Point this shell at it with: eval "$(flywheel-stack env)", or pass '
-        "--target HOST:PORT (and --auth-token-file, --tls-ca for a remote optimizer)"
-    )
 
 
 def _stdout_gone() -> int:
@@ -942,12 +844,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in rest:
                 print(line, file=sys.stderr)
             return 1
-        details = _one_line(raw)
+        details = one_line(raw)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            details = f"optimizer at {getattr(args, 'resolved_target', '?')}: {details}"
+            details = f"{service_of(args).name} at {getattr(args, 'resolved_target', '?')}: {details}"
         print(f"error: {code.name}: {details}", file=sys.stderr)
         if code == grpc.StatusCode.UNAVAILABLE:
-            print(_connection_hint(args), file=sys.stderr)
+            print(connection_hint(args), file=sys.stderr)
         elif code == grpc.StatusCode.UNAUTHENTICATED:
             print("hint: set $FLYWHEEL_AUTH_TOKEN or pass --auth-token-file FILE", file=sys.stderr)
     except EndpointFileError as exc:
@@ -956,7 +858,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in lines[1:]:
             print(line, file=sys.stderr)
     except (ApplyConflict, CliError, ValueError) as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
     except KeyboardInterrupt:
         return 130
     return 1
