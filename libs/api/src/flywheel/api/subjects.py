@@ -197,8 +197,15 @@ class Catalogue:
                 f"{p}_TRAINING_JOBS",
                 f"{ns}.trainer.job.>",
                 "Runs training jobs; one job per GPU pod at a time.",
+                # Trainers mark their job in progress every ack_wait/3; a dead pod's job comes
+                # back after ack_wait and resumes from its last checkpoint in S3.
                 ack_wait=timedelta(minutes=30),
-                max_ack_pending=1,
+                # Replicas share this consumer: each pulls one job at a time (its own limit), so
+                # this caps jobs in flight across all of them, not per pod.
+                max_ack_pending=1_000,
+                # A graceful stop (drain) hands the job back too; the trainer itself gives up
+                # after FLYWHEEL_TRAINER_MAX_ATTEMPTS pick-ups by a replica that died.
+                max_deliver=20,
             ),
         ]
         object.__setattr__(self, "streams", s)
