@@ -1,7 +1,7 @@
 """gRPC servicer of the trainer: the policy registry's methods (GetPolicy, ListPolicies,
-SetPolicyStatus, RegisterPolicy, PromotePolicy, RollbackPolicy). Every request is checked at
-the door; every status change publishes its PolicyChangedEvent once it has committed. The job
-methods answer UNIMPLEMENTED until the job queue arrives."""
+SetPolicyStatus, RegisterPolicy, PromotePolicy, RollbackPolicy) and the jobs' (SubmitJob,
+GetJob, ListJobs, CancelJob). Every request is checked at the door; every status change
+publishes its PolicyChangedEvent once it has committed."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from flywheel.api.subjects import subject_token
 from flywheel.api.trainer.v1 import jobs_pb2
 from flywheel.api.trainer.v1 import trainer_service_pb2 as pb
 from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
-from flywheel.core.errors import ServiceError
 from flywheel.core.validation import Invalid, check_enum, check_numbers, check_string
+from flywheel.trainer.jobs import service as jobs
+from flywheel.trainer.jobs.submit import Submitter
 from flywheel.trainer.registry import service
 from flywheel.trainer.registry.events import PolicyEvents, policy_message
 from flywheel.trainer.registry.rules import Status
@@ -24,8 +25,7 @@ MAX_REASON = 2048
 MAX_ACTOR = 256
 
 
-class Unimplemented(ServiceError):
-    code = grpc.StatusCode.UNIMPLEMENTED
+MAX_LIST = 1000
 
 
 def _policy_id(value: str, field: str = "policy_id") -> str:
@@ -47,23 +47,39 @@ def _who(request: object) -> tuple[str, str]:
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], events: PolicyEvents) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], events: PolicyEvents, submitter: Submitter) -> None:
         self._sessions = sessions
         self._events = events
+        self._submitter = submitter
 
-    # -- jobs (not yet) ------------------------------------------------------------------
+    # -- jobs ----------------------------------------------------------------------------------
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.SubmitJobResponse:
-        raise Unimplemented("SubmitJob: training jobs are not implemented yet")
+        if not request.HasField("spec"):
+            raise Invalid("spec", "is required")
+        return await self._submitter.submit(request)
 
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.GetJobResponse:
-        raise Unimplemented("GetJob: training jobs are not implemented yet")
+        job_id = check_string(request.job_id, "job_id", max_len=MAX_ID, required=True, what="a job id")
+        async with self._sessions() as session:
+            row = await jobs.get(session, job_id=job_id)
+        return pb.GetJobResponse(job=jobs.job_message(row))
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:
-        raise Unimplemented("ListJobs: training jobs are not implemented yet")
+        state = check_enum(request.state, jobs_pb2.JobState, "state", allow_unspecified=True)
+        if not 0 <= request.limit <= MAX_LIST:
+            raise Invalid("limit", f"must be in [0, {MAX_LIST}] (0 means 100)")
+        async with self._sessions() as session:
+            rows = await jobs.list_jobs(session, state=jobs.STATE_NAMES.get(state, ""), limit=request.limit or 100)
+        return pb.ListJobsResponse(jobs=[jobs.job_message(r) for r in rows])
 
     async def CancelJob(self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext) -> pb.CancelJobResponse:
-        raise Unimplemented("CancelJob: training jobs are not implemented yet")
+        job_id = check_string(request.job_id, "job_id", max_len=MAX_ID, required=True, what="a job id")
+        async with self._sessions() as session:
+            row = await jobs.request_cancel(session, job_id=job_id)
+            await session.commit()
+            await session.refresh(row)
+        return pb.CancelJobResponse(job=jobs.job_message(row))
 
     # -- the policy registry ---------------------------------------------------------------
 

@@ -48,12 +48,17 @@ class TrainerSettings(ServiceSettings):
     heartbeat_s: float = Field(30.0, gt=0)
     # Overrides the catalogue's ack wait of trainer-jobs (how soon a dead replica's job returns).
     ack_wait_s: float | None = Field(None, gt=0)
+    # On SIGTERM the running job saves a checkpoint at its next step and is handed back to the
+    # queue; the consumer waits this long for that (set the pod's terminationGracePeriodSeconds
+    # above it).
+    drain_timeout_s: float = Field(120.0, gt=0)
     # How often a running job checks whether CancelJob was called.
     cancel_poll_s: float = Field(2.0, gt=0)
     # Checkpoint every this many optimizer steps unless the job's hyperparameters say otherwise.
     save_steps: int = Field(50, gt=0)
-    # A job that fails this many times (crash after crash) is marked FAILED instead of retried.
-    max_attempts: int = Field(3, ge=1, le=20)
+    # A job picked up this many times (its replica died or was stopped each time) is marked
+    # FAILED instead of run again.
+    max_attempts: int = Field(5, ge=1, le=20)
     # Name of this replica in job records and progress events; empty: hostname-pid.
     replica_id: str = ""
     # Held-out evaluation after training: prompts judged (policy) / pairs scored (reward model).

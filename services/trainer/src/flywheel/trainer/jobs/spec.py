@@ -106,7 +106,7 @@ class JobRequest:
         )
 
 
-def _placeholder_reward(prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
+def placeholder_reward(prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
     return [0.0] * len(completions)
 
 
@@ -259,7 +259,7 @@ def parse_job(spec: jobs_pb2.TrainingJobSpec, *, policy: RunPolicySettings) -> J
 def _check_hyperparameters(job: JobRequest) -> None:
     """Build the TrainSpec once (placeholder rewards, a nominal sample count) so its own
     validation (positive learning rate, batch size...) answers at the door."""
-    placeholder = (RewardFunction(fn=_placeholder_reward),) if job.kind in ONLINE else ()
+    placeholder = (RewardFunction(fn=placeholder_reward),) if job.kind in ONLINE else ()
     try:
         job.train_spec(samples=10, rewards=placeholder, base_model="tiny")
     except ValidationError as exc:
