@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
 from flywheel.api.ports import TRAINER_GRPC_PORT
+from flywheel.api.values import plain_number
 from flywheel.sdk._transport import tls_from_env
 
 
@@ -168,3 +173,40 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return value
+
+
+_INT64 = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """A message as JSON-ready values with the proto's field names: 64-bit integers as numbers
+    (protobuf's JSON writes them as strings) and integral doubles as ints (``plain_number``)."""
+    out = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    _int64_numbers(message, out)
+    return plain_number(out)  # type: ignore[no-any-return]
+
+
+def _int64_numbers(message: Message, out: dict[str, Any]) -> None:
+    for field in message.DESCRIPTOR.fields:
+        name = field.name
+        if name not in out:
+            continue
+        if field.type in _INT64 and not field.message_type:
+            out[name] = [int(v) for v in out[name]] if isinstance(out[name], list) else int(out[name])
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if field.message_type.full_name.startswith("google.protobuf."):
+                continue  # well-known types (Timestamp, Struct) have their own JSON forms
+            value = getattr(message, name)
+            if isinstance(out[name], list):
+                for sub, sub_out in zip(value, out[name], strict=True):
+                    _int64_numbers(sub, sub_out)
+            else:
+                _int64_numbers(value, out[name])

@@ -21,11 +21,9 @@ import os
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from flywheel.api.trainer.v1 import jobs_pb2 as pb
-from flywheel.api.values import plain_number
-from flywheel.sdk.cli_common import TRAINER, connection, connection_options, table
+from flywheel.sdk.cli_common import TRAINER, connection, connection_options, message_json, table
 from flywheel.sdk.cli_train import when
 from flywheel.sdk.trainer import KIND_NAMES, POLICY_STATUS_NAMES, TrainerClient
 
@@ -41,7 +39,7 @@ def status_name(status: int) -> str:
 
 
 def policy_json(policy: pb.Policy) -> dict[str, Any]:
-    return plain_number(json_format.MessageToDict(policy, preserving_proto_field_name=True))  # type: ignore[no-any-return]
+    return message_json(policy)
 
 
 def _label(policy: pb.Policy) -> str:

@@ -30,7 +30,16 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from flywheel.api.subjects import subject_token
 from flywheel.api.trainer.v1 import jobs_pb2 as pb
 from flywheel.api.values import plain_number
-from flywheel.sdk.cli_common import TRAINER, CliError, connection, connection_options, one_line, positive_int, table
+from flywheel.sdk.cli_common import (
+    TRAINER,
+    CliError,
+    connection,
+    connection_options,
+    message_json,
+    one_line,
+    positive_int,
+    table,
+)
 from flywheel.sdk.trainer import (
     JOB_STATE_FROM_NAME,
     JOB_STATE_NAMES,
@@ -63,7 +72,7 @@ def state_name(state: int) -> str:
 
 
 def job_json(job: pb.TrainingJob) -> dict[str, Any]:
-    return plain_number(json_format.MessageToDict(job, preserving_proto_field_name=True))  # type: ignore[no-any-return]
+    return message_json(job)
 
 
 def when(ts: Timestamp, set_: bool) -> str:
@@ -219,7 +228,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         response = trainer.submit(spec, dry_run=args.dry_run)
         if args.dry_run:
             if args.json:
-                print(json.dumps(plain_number(_dict(response.dry_run)), indent=2, sort_keys=True))
+                print(json.dumps(message_json(response.dry_run), indent=2, sort_keys=True))
             else:
                 print_dry_run(spec, response.dry_run)
             return 0
@@ -236,7 +245,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             return 0
         print(f"job {job.job_id} {state_name(job.state)} (Ctrl-C to stop watching)", file=log)
         try:
-            job = follow(trainer, job.job_id, log=log, poll_s=args.poll)
+            job = follow(trainer, job.job_id, log=log, poll_s=args.poll, state=job.state)
         except KeyboardInterrupt:
             return _interrupted(trainer, job.job_id, args.cancel_on_interrupt)
     if args.json:
@@ -244,10 +253,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print_result(job)
     return check_outcome(job)
-
-
-def _dict(message: Any) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
 def check_outcome(job: pb.TrainingJob) -> int:
@@ -287,13 +292,21 @@ def _bar_postfix(job: pb.TrainingJob) -> str:
     return ", ".join(f"{k} {_number(job.metrics[k])}" for k in _BAR_METRICS if k in job.metrics)
 
 
-def follow(trainer: TrainerClient, job_id: str, *, log: Any, poll_s: float = _POLL_S) -> pb.TrainingJob:
-    """Poll GetJob behind a progress bar (stderr) until the job ends; state changes and new
-    attempts are written to ``log``. Retries while the trainer is unavailable."""
+def follow(
+    trainer: TrainerClient,
+    job_id: str,
+    *,
+    log: Any,
+    poll_s: float = _POLL_S,
+    state: int = pb.JOB_STATE_UNSPECIFIED,
+) -> pb.TrainingJob:
+    """Poll GetJob behind a progress bar (stderr) until the job ends; changes of state (from
+    ``state``, the last one shown) and new attempts are written to ``log``. Retries while the
+    trainer is unavailable."""
     from tqdm import tqdm  # lazily: only this command draws bars
 
     bar = tqdm(total=None, unit="step", desc=f"job {job_id}", file=sys.stderr, dynamic_ncols=True)
-    state, attempts, failures = pb.JOB_STATE_UNSPECIFIED, 0, 0
+    attempts, failures = 0, 0
     try:
         while True:
             try:
@@ -309,7 +322,7 @@ def follow(trainer: TrainerClient, job_id: str, *, log: Any, poll_s: float = _PO
             if job.attempts > max(attempts, 1):
                 bar.write(f"job {job_id}: attempt {job.attempts} (it resumes from its last checkpoint)", file=log)
             attempts = max(attempts, job.attempts)
-            if job.state != state:
+            if job.state != state and job.state not in TERMINAL_JOB_STATES:  # the end is printed by the caller
                 state = job.state
                 worker = f" on {job.worker}" if job.worker and state == pb.JOB_STATE_RUNNING else ""
                 bar.write(f"job {job_id} {state_name(state)}{worker}", file=log)
