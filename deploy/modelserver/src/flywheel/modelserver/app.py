@@ -1,16 +1,22 @@
 """The HTTP routes: ``POST /v1/chat/completions`` (plain and ``stream: true`` server-sent
-events), ``GET /v1/models`` and ``GET /health``. Errors use OpenAI's error body."""
+events), ``GET /v1/models`` and ``GET /health``; with runtime loading on, vLLM's
+``POST /v1/load_lora_adapter`` (``{"lora_name", "lora_path"}``) and
+``POST /v1/unload_lora_adapter`` (``{"lora_name"}``). Errors use OpenAI's error body."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from flywheel.modelserver.adapters import RuntimeLoading
 from flywheel.modelserver.engine import Engine, Generation
 from flywheel.modelserver.protocol import (
     RequestError,
@@ -23,6 +29,8 @@ from flywheel.modelserver.protocol import (
 
 log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
+RUNTIME = web.AppKey("runtime", RuntimeLoading)
+SCRATCH = web.AppKey("scratch", Path)
 STARTED = int(time.time())
 
 
@@ -30,8 +38,17 @@ def _error(exc: RequestError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
-def build_app(engine: Engine, *, api_key: str | None = None) -> web.Application:
-    """The aiohttp application; with ``api_key`` every /v1 route needs ``Authorization: Bearer <key>``."""
+def build_app(
+    engine: Engine,
+    *,
+    api_key: str | None = None,
+    runtime: RuntimeLoading | None = None,
+    scratch: Path | None = None,
+) -> web.Application:
+    """The aiohttp application; with ``api_key`` every /v1 route needs ``Authorization: Bearer <key>``.
+    ``runtime``: adapters may be loaded and unloaded while serving, from those places only
+    (None: the two routes answer 404); S3 prefixes are downloaded into ``scratch`` (a
+    temporary folder per load, deleted once the adapter is in memory)."""
     expected = f"Bearer {api_key}".encode() if api_key else None
 
     @web.middleware
@@ -51,7 +68,12 @@ def build_app(engine: Engine, *, api_key: str | None = None) -> web.Application:
 
     app = web.Application(middlewares=[errors], client_max_size=8 * 1024**2)
     app[ENGINE] = engine
+    if runtime is not None:
+        app[RUNTIME] = runtime
+        app[SCRATCH] = scratch or Path(tempfile.gettempdir())
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.on_cleanup.append(_close)
@@ -83,13 +105,66 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE]
+async def _json_body(request: web.Request) -> Any:
     try:
-        body = await request.json()
+        return await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the body is not valid JSON: {exc}") from None
-    chat = parse_request(body)
+
+
+def _runtime(request: web.Request) -> RuntimeLoading:
+    runtime = request.app.get(RUNTIME)
+    if runtime is None:
+        raise RequestError(
+            "runtime LoRA loading is off on this server (start it with --allow-runtime-lora or "
+            "FLYWHEEL_MODELSERVER_ALLOW_RUNTIME_LORA=true)",
+            status=404,
+        )
+    return runtime
+
+
+async def _object_body(request: web.Request) -> dict[str, Any]:
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's runtime load: serve the adapter at ``lora_path`` as model ``lora_name``."""
+    runtime = _runtime(request)
+    engine = request.app[ENGINE]
+    body = await _object_body(request)
+    name = runtime.check_name(body.get("lora_name"))
+    location = runtime.check_location(body.get("lora_path"))
+    scratch = request.app[SCRATCH]
+
+    async def load() -> None:
+        with engine.reserve(name):
+            scratch.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix="lora-", dir=scratch) as tmp:
+                folder = await asyncio.to_thread(runtime.fetch, location, Path(tmp))
+                await engine.load_adapter(name, folder, source=location)
+        log.info("loaded LoRA adapter %s from %s", name, location)
+
+    # A client that hangs up does not cut a load in half: it finishes (or fails) on its own.
+    await asyncio.shield(asyncio.ensure_future(load()))
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's runtime unload: stop serving model ``lora_name``."""
+    runtime = _runtime(request)
+    body = await _object_body(request)
+    name = runtime.check_name(body.get("lora_name"))
+    await request.app[ENGINE].unload_adapter(name)
+    log.info("unloaded LoRA adapter %s", name)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    chat = parse_request(await _json_body(request))
     prepared = engine.prepare(chat)
     cid = completion_id()
     if not chat.stream:

@@ -4,7 +4,12 @@ The API key, if any, comes from ``FLYWHEEL_MODELSERVER_API_KEY`` (never the comm
 where other users of the machine could read it). The server listens on 127.0.0.1; told to
 listen anywhere else (``--host 0.0.0.0``) it needs the API key or TLS (``--tls-cert`` and
 ``--tls-key``), or it exits with code 2 before loading the model; ``--allow-insecure``
-(``FLYWHEEL_MODELSERVER_ALLOW_INSECURE=true``) serves it open anyway, with a warning."""
+(``FLYWHEEL_MODELSERVER_ALLOW_INSECURE=true``) serves it open anyway, with a warning.
+
+Loading adapters while serving (vLLM's ``/v1/load_lora_adapter``) is off unless
+``--allow-runtime-lora`` (``FLYWHEEL_MODELSERVER_ALLOW_RUNTIME_LORA=true``) is given, and then
+only from the places ``--lora-root`` and ``--lora-bucket`` name; on any address but loopback
+it also needs the API key (TLS alone does not say who is calling)."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from aiohttp import web
 
 from flywheel.api.ports import MODEL_SERVER_PORT
 from flywheel.api.tls import is_loopback
-from flywheel.modelserver.adapters import AdapterSpec, local_folder
+from flywheel.modelserver.adapters import AdapterSpec, RuntimeLoading, local_folder
 from flywheel.modelserver.app import build_app
 from flywheel.modelserver.engine import Engine
 from flywheel.modelserver.loading import default_cache_dir, load_base
@@ -66,6 +71,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=AdapterSpec.parse,
         help="name=path: serve a LoRA adapter (folder or s3://bucket/prefix) as model <name>; repeatable",
     )
+    p.add_argument(
+        "--allow-runtime-lora",
+        action="store_true",
+        default=env("FLYWHEEL_MODELSERVER_ALLOW_RUNTIME_LORA", "").lower() in ("1", "true", "yes"),
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA API)",
+    )
+    p.add_argument(
+        "--lora-root",
+        action="append",
+        type=Path,
+        default=[Path(r) for r in env("FLYWHEEL_MODELSERVER_LORA_ROOTS", "").split(os.pathsep) if r],
+        help="a folder runtime loads may read adapters under; repeatable "
+        f"(default $FLYWHEEL_MODELSERVER_LORA_ROOTS, separated by {os.pathsep!r})",
+    )
+    p.add_argument(
+        "--lora-bucket",
+        action="append",
+        default=[b for b in env("FLYWHEEL_MODELSERVER_LORA_BUCKETS", "").split(",") if b],
+        help="an S3 bucket runtime loads may read s3://<bucket>/<prefix> from; repeatable "
+        "(default $FLYWHEEL_MODELSERVER_LORA_BUCKETS, comma-separated)",
+    )
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        default=int(env("FLYWHEEL_MODELSERVER_MAX_LORAS", "8")),
+        help="most adapters held at once; a load beyond it is refused, nothing is evicted (default 8)",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda with bf16 when present), cpu, cuda, cuda:1 …")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens one completion may ask for")
     p.add_argument("--cache-dir", type=Path, default=None, help="where converted models and S3 adapters go")
@@ -81,6 +113,19 @@ def listener_problem(args: argparse.Namespace, api_key: str | None) -> str | Non
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
         if path is not None and not path.is_file():
             return f"{flag} {path}: no such file"
+    if args.allow_runtime_lora:
+        if not (args.lora_root or args.lora_bucket):
+            return (
+                "--allow-runtime-lora needs the places adapters may come from: --lora-root and/or --lora-bucket "
+                "(FLYWHEEL_MODELSERVER_LORA_ROOTS, FLYWHEEL_MODELSERVER_LORA_BUCKETS)"
+            )
+        if not is_loopback(args.host) and not api_key:
+            return (
+                f"--allow-runtime-lora on --host {args.host} needs FLYWHEEL_MODELSERVER_API_KEY: "
+                "anyone who reaches the server could otherwise change the models it serves"
+            )
+    if args.max_loras < 1:
+        return f"--max-loras {args.max_loras}: must be at least 1"
     if is_loopback(args.host) or api_key or args.tls_cert or args.allow_insecure:
         return None
     return (
@@ -117,7 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     cache = args.cache_dir or default_cache_dir()
     base = load_base(args.model, device=args.device, cache_dir=cache)
     adapters = {spec.name: local_folder(spec, cache) for spec in args.adapter}
-    engine = Engine(base, adapters, max_tokens_cap=args.max_tokens)
+    engine = Engine(base, adapters, max_tokens_cap=args.max_tokens, max_adapters=args.max_loras)
+    runtime = None
+    if args.allow_runtime_lora:
+        runtime = RuntimeLoading(roots=tuple(args.lora_root), buckets=frozenset(args.lora_bucket))
+        log.warning("runtime LoRA loading is on (from %s)", runtime.allowed())
     log.info(
         "serving %s from %s on %s (%d adapters) at %s://%s:%d/v1",
         base.name,
@@ -131,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     # handler_cancellation: a client that hangs up (a timed-out judge call) cancels its request,
     # which stops its generation, instead of leaving it queued on the one worker.
     web.run_app(
-        build_app(engine, api_key=api_key),
+        build_app(engine, api_key=api_key, runtime=runtime, scratch=cache / "runtime-adapters"),
         host=args.host,
         port=args.port,
         ssl_context=ssl_context,

@@ -4,7 +4,11 @@ A small model on a CPU gains little from batching, and PEFT switches adapters by
 the model, so every generation runs on one worker thread, in arrival order: the adapter
 is selected right before ``generate`` on the thread that owns the model, and no two
 requests ever see each other's adapter or random state. Streaming hands text chunks from
-that thread to the event loop; a client that goes away stops its generation."""
+that thread to the event loop; a client that goes away stops its generation.
+
+Adapters loaded or unloaded while the server runs (vLLM's runtime LoRA API) change the model
+on that same thread, between two generations: a load waits for the generation before it,
+and the generation after it sees the new adapter."""
 
 from __future__ import annotations
 
@@ -45,25 +49,81 @@ class Generation:
 class Engine:
     """The base model plus its adapters, and the one thread that runs them."""
 
-    def __init__(self, base: BaseModel, adapters: dict[str, Path], *, max_tokens_cap: int = 512) -> None:
+    def __init__(
+        self, base: BaseModel, adapters: dict[str, Path], *, max_tokens_cap: int = 512, max_adapters: int = 8
+    ) -> None:
         self.base = base
         self.tokenizer = base.tokenizer
-        self.adapters = dict(adapters)
+        # Served name -> where it came from; changed on the event loop's thread only.
+        self.adapters: dict[str, str] = {}
         self.max_tokens_cap = max_tokens_cap
+        self.max_adapters = max(max_adapters, len(adapters))
         self.context_length = int(getattr(base.model.config, "max_position_embeddings", 2048) or 2048)
         self.model = base.model
-        if adapters:
-            from peft import PeftModel
-
-            (first, path), *rest = adapters.items()
-            self.model = PeftModel.from_pretrained(base.model, str(path), adapter_name=first)
-            for name, extra in rest:
-                self.model.load_adapter(str(extra), adapter_name=name)
-            self.model.eval()
+        self._peft = False  # whether self.model is a PeftModel (it is while any adapter is loaded)
+        self._reserved: set[str] = set()
+        for name, path in adapters.items():
+            self._attach(name, Path(path))
+            self.adapters[name] = str(path)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="generate")
 
     def model_names(self) -> list[str]:
         return [self.base.name, *self.adapters]
+
+    @contextlib.contextmanager
+    def reserve(self, name: str) -> Any:
+        """Hold ``name`` for a load about to happen: RequestError (400) if it is the base
+        model's name, already served, being loaded, or the server is full (``max_adapters``:
+        a full server refuses rather than evicting an adapter that may be taking traffic)."""
+        if name == self.base.name or name in self.adapters or name in self._reserved:
+            raise RequestError(
+                f"lora_name {name!r}: a model of that name is already served (or being loaded)",
+                param="lora_name",
+                code="lora_already_loaded",
+            )
+        if len(self.adapters) + len(self._reserved) >= self.max_adapters:
+            raise RequestError(
+                f"this server already holds {self.max_adapters} adapters (--max-loras); unload one first "
+                f"(loaded: {', '.join(self.adapters)})",
+                param="lora_name",
+                code="too_many_loras",
+            )
+        self._reserved.add(name)
+        try:
+            yield
+        finally:
+            self._reserved.discard(name)
+
+    async def load_adapter(self, name: str, folder: Path, *, source: str) -> None:
+        """Serve the LoRA adapter in ``folder`` as model ``name`` (inside ``reserve(name)``).
+        The model changes on the worker thread, between generations; RequestError (400) if
+        PEFT cannot load it onto this base model (the model is left as it was)."""
+        if name not in self._reserved:
+            raise RuntimeError(f"load_adapter({name!r}) outside reserve({name!r})")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._worker, self._attach, name, folder)
+        except Exception as exc:  # noqa: BLE001 - PEFT raises many kinds; the client needs the message
+            raise RequestError(
+                f"lora_path {source!r}: could not load the adapter onto {self.base.name}: {exc}",
+                param="lora_path",
+                code="lora_load_failed",
+            ) from None
+        self.adapters[name] = source
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` (404 if it is not served). Requests already queued
+        for it are answered 404 when their turn comes."""
+        if name not in self.adapters:
+            raise RequestError(
+                f"lora_name {name!r} is not loaded; loaded adapters: {', '.join(self.adapters) or 'none'}",
+                status=404,
+                param="lora_name",
+                code="lora_not_found",
+            )
+        del self.adapters[name]  # new requests for it are refused from now on
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._worker, self._detach, name)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
@@ -144,6 +204,37 @@ class Engine:
                     await future
 
     # -- on the worker thread ------------------------------------------------------------------
+    def _attach(self, name: str, folder: Path) -> None:
+        from peft import MODEL_TYPE_TO_PEFT_MODEL_MAPPING, PeftConfig, PeftModel
+
+        if not self._peft:
+            # As PeftModel.from_pretrained does it, in two steps, so a failed load can be undone.
+            config = PeftConfig.from_pretrained(str(folder))
+            config.inference_mode = True
+            wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type, PeftModel)
+            model = wrapper(self.base.model, config, adapter_name=name)
+            try:
+                model.load_adapter(str(folder), adapter_name=name)
+            except Exception:
+                model.base_model.unload()  # takes the injected LoRA layers out of the base model again
+                raise
+            self.model, self._peft = model, True
+        else:
+            try:
+                self.model.load_adapter(str(folder), adapter_name=name)
+            except Exception:
+                if name in self.model.peft_config:
+                    self.model.delete_adapter(name)
+                raise
+        self.model.eval()
+
+    def _detach(self, name: str) -> None:
+        if list(self.model.peft_config) == [name]:
+            # The last adapter: back to the plain base model (its layers restored in place).
+            self.model, self._peft = self.model.base_model.unload(), False
+        else:
+            self.model.delete_adapter(name)
+
     def _generate(self, prepared: Prepared, cancel: threading.Event, push: Any) -> Generation:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
@@ -202,7 +293,14 @@ class Engine:
 
     @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Any:
-        if not self.adapters:
+        if name is not None and (not self._peft or name not in self.model.peft_config):
+            raise RequestError(
+                f"model {name!r} was unloaded while the request waited",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        if not self._peft:
             yield
         elif name is None:
             with self.model.disable_adapter():

@@ -72,7 +72,7 @@ def load_base(spec: str = "auto", *, device: str = "auto", cache_dir: Path | Non
     if spec == "auto":
         spec = "smollm2" if smollm2_gguf() is not None else "tiny"
     if spec == "tiny":
-        return _tiny(dev, dtype)
+        return _tiny(dev, dtype, cache)
     if spec == "smollm2":
         gguf = smollm2_gguf()
         if gguf is None:
@@ -87,16 +87,19 @@ def load_base(spec: str = "auto", *, device: str = "auto", cache_dir: Path | Non
     raise FileNotFoundError(f"--model {spec!r}: not 'auto', 'smollm2', 'tiny', a .gguf file or a model folder")
 
 
-def _tiny(device: str, dtype: Any) -> BaseModel:
-    from flywheel.modelserver.tiny import build_model, build_tokenizer
+def _tiny(device: str, dtype: Any, cache: Path) -> BaseModel:
+    from flywheel.modelserver.tiny import build_model, default_tokenizer
 
-    tokenizer = build_tokenizer()
+    tokenizer, described = default_tokenizer(cache)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model = build_model(len(tokenizer))
     model.config.eos_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return BaseModel(TINY_NAME, model.to(device=device, dtype=dtype).eval(), tokenizer, "random (seed 0)", device)
+    model = model.to(device=device, dtype=dtype).eval()
+    return BaseModel(TINY_NAME, model, tokenizer, f"random (seed 0), {described}", device)
 
 
 def _from_folder(folder: Path, name: str, device: str, dtype: Any, *, source: str) -> BaseModel:

