@@ -529,6 +529,9 @@ class Policy(_message.Message):
     METRICS_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    ARM_ID_FIELD_NUMBER: _builtins.int
+    SERVED_MODEL_FIELD_NUMBER: _builtins.int
     policy_id: _builtins.str
     name: _builtins.str
     """Name shared by all versions of a policy."""
@@ -542,6 +545,12 @@ class Policy(_message.Message):
     dataset_uri: _builtins.str
     parent_policy_id: _builtins.str
     """Previous version this one was trained from, if any."""
+    endpoint: _builtins.str
+    """The optimizer endpoint this version was enrolled in as a canary arm (empty: none)."""
+    arm_id: _builtins.str
+    """Its arm in that endpoint."""
+    served_model: _builtins.str
+    """The model name the model server serves its adapter under (empty: not loaded anywhere)."""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     @_builtins.property
@@ -566,10 +575,13 @@ class Policy(_message.Message):
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        endpoint: _builtins.str = ...,
+        arm_id: _builtins.str = ...,
+        served_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "checkpoint_uri", b"checkpoint_uri", "created_at", b"created_at", "dataset_uri", b"dataset_uri", "job_id", b"job_id", "kind", b"kind", "metrics", b"metrics", "name", b"name", "parent_policy_id", b"parent_policy_id", "policy_id", b"policy_id", "status", b"status", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm_id", b"arm_id", "base_model", b"base_model", "checkpoint_uri", b"checkpoint_uri", "created_at", b"created_at", "dataset_uri", b"dataset_uri", "endpoint", b"endpoint", "job_id", b"job_id", "kind", b"kind", "metrics", b"metrics", "name", b"name", "parent_policy_id", b"parent_policy_id", "policy_id", b"policy_id", "served_model", b"served_model", "status", b"status", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
