@@ -58,13 +58,18 @@ class JudgeClient:
         self._address_setting = address_setting
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.RewardJudgeServiceStub | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _ready(self) -> pb_grpc.RewardJudgeServiceStub:
         if not self.address:
             raise JudgeUnavailable(f"no reward judge configured (set {self._address_setting})")
-        if self._stub is None:
+        loop = asyncio.get_running_loop()
+        if self._stub is None or self._loop is not loop:
+            # A grpc.aio channel belongs to the loop it was made on; a trainer's reward runs on
+            # the event loop of its own TRL trainer, so a client outliving one run reconnects.
             self._channel = aio_channel(self.address, self._tls)
             self._stub = pb_grpc.RewardJudgeServiceStub(self._channel)
+            self._loop = loop
         return self._stub
 
     async def _call(self, method: str, request: object) -> object:

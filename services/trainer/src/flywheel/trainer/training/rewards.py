@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from flywheel.core import text_metrics
 from flywheel.trainer.training.spec import RewardFunction
 
 log = logging.getLogger(__name__)
@@ -30,14 +31,15 @@ def completion_text(completion: Any) -> str:
 
 
 def exact_match(answer_column: str = "answer") -> Any:
-    """A verifiable reward: 1.0 when the completion, stripped, equals the row's ``answer_column``
-    (case-insensitive), else 0.0."""
+    """A verifiable reward: 1.0 when the completion equals the row's ``answer_column`` after the
+    evaluator's normalisation (:func:`flywheel.core.text_metrics.exact_match`: case-folded,
+    whitespace collapsed, surrounding punctuation stripped), else 0.0."""
 
     def exact_match_reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         if answer_column not in columns:
             raise KeyError(f"exact_match: the dataset has no {answer_column!r} column")
         return [
-            float(completion_text(c).strip().casefold() == str(a).strip().casefold())
+            text_metrics.exact_match(completion_text(c), str(a))
             for c, a in zip(completions, columns[answer_column], strict=True)
         ]
 

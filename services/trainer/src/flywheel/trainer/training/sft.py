@@ -15,4 +15,4 @@ def check_columns(columns: set[str]) -> None:
 def build(ctx: Context) -> Any:
     from trl import SFTConfig, SFTTrainer
 
-    return ctx.trainer(SFTTrainer, SFTConfig(**ctx.args(max_length=ctx.spec.max_length, packing=False)))
+    return ctx.trainer(SFTTrainer, SFTConfig(**ctx.args(max_length=ctx.spec.max_length)))

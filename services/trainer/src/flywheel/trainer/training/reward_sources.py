@@ -1,0 +1,285 @@
+"""The reward sources of a GRPO/RLOO job as TRL reward functions: a trained reward-model
+version, the reward judge over gRPC, or a verifiable check (exact match on a column, or an
+allowed Python callable). One :class:`RewardSourceSpec` per ``RewardSource`` of the job; the
+job runner downloads a reward-model version before building.
+
+- **Reward model**: the base model as a one-output sequence classifier with the version's LoRA
+  ``SEQ_CLS`` adapter (its score head included) on top, scoring prompt + completion at the last
+  non-pad token, batched, without gradients. The reward is the **raw logit**: unbounded, only
+  differences within a group matter to GRPO/RLOO (the advantage is normalised per group), so
+  weigh it against bounded rewards with that in mind.
+- **Judge**: an async reward; ``Score`` for every completion concurrently (bounded by a
+  semaphore), or with ``rank`` one ``Rank`` call per group of ``num_generations`` completions
+  (relative scores, the judge seeing the group together). A completion the judge cannot score
+  (down, timed out, refused) gets None, which TRL treats as missing; failures are counted and
+  logged, and never end the run.
+- **Verifiable**: :func:`flywheel.core.text_metrics.exact_match` of the completion against a
+  dataset column, or ``module:function`` resolved under the run policy
+  (:func:`flywheel.core.callables.resolve_callable`, the evaluator's checks), called as
+  ``f(prompts=, completions=, **columns) -> list[float | None]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flywheel.core.callables import resolve_callable
+from flywheel.core.judge_client import JudgeClient, JudgeUnavailable
+from flywheel.core.run_policy import RunPolicySettings
+from flywheel.trainer.training.rewards import completion_text, exact_match
+from flywheel.trainer.training.spec import RewardFunction
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "training_results.json"
+
+
+class RewardSourceSpec(BaseModel):
+    """One weighted reward source; exactly one of ``reward_model_dir``, ``judge_rubric``,
+    ``exact_match_column`` and ``callable`` is set (``judge_rubric=""`` is the judge's default
+    rubric)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight: float = Field(1.0, allow_inf_nan=False)
+    # A reward-model version's folder: the output of train(kind="reward_model") (with adapter/
+    # and training_results.json) or its adapter/ folder alone.
+    reward_model_dir: str | None = None
+    # The reward model's base; None: the base_model in its training_results.json.
+    reward_model_base: str | None = None
+    judge_rubric: str | None = None
+    judge_rank: bool = False
+    exact_match_column: str | None = Field(None, min_length=1)
+    callable: str | None = Field(None, min_length=1)
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RewardSourceSpec:
+        chosen = [
+            f
+            for f in ("reward_model_dir", "judge_rubric", "exact_match_column", "callable")
+            if getattr(self, f) is not None
+        ]
+        if len(chosen) != 1:
+            raise ValueError(
+                "reward source: set exactly one of reward_model_dir, judge_rubric, exact_match_column, callable"
+                f" (got {', '.join(chosen) or 'none'})"
+            )
+        if self.judge_rank and self.judge_rubric is None:
+            raise ValueError("reward source: judge_rank applies to a judge source (judge_rubric) only")
+        if self.reward_model_base is not None and self.reward_model_dir is None:
+            raise ValueError("reward source: reward_model_base applies to a reward_model_dir source only")
+        return self
+
+
+def build_rewards(
+    sources: Sequence[RewardSourceSpec],
+    *,
+    judge: JudgeClient | None,
+    policy: RunPolicySettings,
+    base_model: str,
+    device: str = "auto",
+    num_generations: int = 4,
+    judge_concurrency: int = 16,
+) -> tuple[RewardFunction, ...]:
+    """The weighted reward functions of ``sources``, for ``TrainSpec.rewards``. ``base_model``
+    is the policy's base, used for a reward model whose results name none. ``num_generations``
+    must match the spec's when a judge source ranks groups. Raises ValueError naming the
+    source on anything it cannot build (a refused callable, a missing reward-model folder, a
+    judge source with no judge client)."""
+    built = []
+    for i, source in enumerate(sources):
+        where = f"rewards[{i}]"
+        if source.reward_model_dir is not None:
+            fn: Any = RewardModelReward(
+                source.reward_model_dir, base_model=source.reward_model_base, fallback_base=base_model, device=device
+            )
+            default_name = f"reward_model:{Path(source.reward_model_dir).name}"
+        elif source.judge_rubric is not None:
+            if judge is None:
+                raise ValueError(f"{where}: a judge reward needs the reward judge (no judge client configured)")
+            fn = JudgeReward(
+                judge,
+                rubric=source.judge_rubric,
+                rank=source.judge_rank,
+                num_generations=num_generations,
+                concurrency=judge_concurrency,
+            )
+            default_name = f"judge:{source.judge_rubric or 'default'}{':rank' if source.judge_rank else ''}"
+        elif source.exact_match_column is not None:
+            fn = exact_match(source.exact_match_column)
+            default_name = f"exact_match:{source.exact_match_column}"
+        else:
+            assert source.callable is not None
+            # CallableRefused is a ValueError that names the path and the policy's reason.
+            fn = resolve_callable(source.callable, what=f"{where}.callable", policy=policy)
+            default_name = source.callable
+        built.append(RewardFunction(fn=fn, weight=source.weight, name=source.name or default_name))
+    return tuple(built)
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as text: chat messages as ``role: content`` lines."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt if isinstance(m, dict))
+    return str(prompt)
+
+
+# -- reward model ------------------------------------------------------------------------------
+def _adapter_and_results(folder: Path) -> tuple[Path, dict[str, Any]]:
+    if (folder / "adapter" / "adapter_config.json").is_file():
+        adapter = folder / "adapter"
+    elif (folder / "adapter_config.json").is_file():
+        adapter = folder
+    else:
+        raise ValueError(
+            f"reward_model_dir {str(folder)!r}: no LoRA adapter (adapter_config.json) in it or in adapter/"
+        )
+    results: dict[str, Any] = {}
+    for candidate in (adapter.parent / RESULTS_FILE, adapter / RESULTS_FILE):
+        if candidate.is_file():
+            results = json.loads(candidate.read_text())
+            break
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    if config.get("task_type") != "SEQ_CLS" or results.get("kind", "reward_model") != "reward_model":
+        raise ValueError(
+            f"reward_model_dir {str(folder)!r}: not a reward model (task_type {config.get('task_type')!r},"
+            f" kind {results.get('kind')!r})"
+        )
+    return adapter, results
+
+
+class RewardModelReward:
+    """A reward-model version as a reward: raw score-head logits of prompt + completion."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        base_model: str | None = None,
+        fallback_base: str | None = None,
+        device: str = "auto",
+        batch_size: int = 16,
+        max_length: int = 1024,
+    ) -> None:
+        from peft import PeftModel
+        from transformers import AutoTokenizer
+
+        from flywheel.trainer.training.models import load_for_training
+
+        adapter, results = _adapter_and_results(Path(folder))
+        base = base_model or results.get("base_model") or fallback_base
+        if not base:
+            raise ValueError(f"reward_model_dir {str(folder)!r}: no base model named (give reward_model_base)")
+        loaded = load_for_training(base, reward_model=True, device=device)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(adapter))
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        loaded.model.config.pad_token_id = self.tokenizer.pad_token_id  # score at the last non-pad token
+        self.model = PeftModel.from_pretrained(loaded.model, str(adapter)).eval()
+        self.device = loaded.device
+        self.base = base
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.__name__ = f"reward_model_{adapter.parent.name}"
+
+    def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
+        out = []
+        for p, c in zip(prompts, completions, strict=True):
+            if isinstance(p, list) and getattr(self.tokenizer, "chat_template", None):
+                messages = [*p, {"role": "assistant", "content": completion_text(c)}]
+                out.append(self.tokenizer.apply_chat_template(messages, tokenize=False))
+            else:
+                out.append(prompt_text(p) + completion_text(c))
+        return out
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
+        import torch
+
+        texts = self.texts(prompts, completions)
+        scores: list[float | None] = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                batch = self.tokenizer(
+                    texts[start : start + self.batch_size],
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="right",
+                    truncation=True,
+                    max_length=self.max_length,
+                    add_special_tokens=False,
+                ).to(self.device)
+                logits = self.model(**batch).logits[:, 0]
+                scores += [float(x) for x in logits.float().cpu()]
+        return scores
+
+
+# -- judge ---------------------------------------------------------------------------------------
+class JudgeReward:
+    """The reward judge as an async reward (TRL 1.16 awaits coroutine rewards on its own event
+    loop). Counts ``calls`` and ``failures``; a failed completion (or group) scores None."""
+
+    def __init__(
+        self, judge: JudgeClient, *, rubric: str, rank: bool, num_generations: int, concurrency: int = 16
+    ) -> None:
+        self.judge = judge
+        self.rubric = rubric
+        self.rank = rank
+        self.num_generations = num_generations
+        self.concurrency = concurrency
+        self.calls = 0
+        self.failures = 0
+        self.last_error = ""
+        self.__name__ = "judge_rank" if rank else "judge_score"
+
+    async def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
+        semaphore = asyncio.Semaphore(self.concurrency)
+        texts = [completion_text(c) for c in completions]
+        if self.rank:
+            n = self.num_generations
+            if len(texts) % n:
+                raise ValueError(f"judge rank: {len(texts)} completions are not groups of num_generations={n}")
+            groups = await asyncio.gather(
+                *(
+                    self._guarded(semaphore, self._rank, prompts[g], texts[g : g + n], n)
+                    for g in range(0, len(texts), n)
+                )
+            )
+            scores: list[float | None] = [s for group in groups for s in group]
+        else:
+            singles = await asyncio.gather(
+                *(self._guarded(semaphore, self._score, p, t, 1) for p, t in zip(prompts, texts, strict=True))
+            )
+            scores = [s for one in singles for s in one]
+        failed = sum(s is None for s in scores)
+        if failed:
+            log.warning("reward judge: %d of %d completions unscored (%s)", failed, len(scores), self.last_error)
+        return scores
+
+    async def _guarded(
+        self, semaphore: asyncio.Semaphore, call: Any, prompt: Any, what: Any, n: int
+    ) -> list[float | None]:
+        async with semaphore:
+            self.calls += 1
+            try:
+                return await call(prompt, what)
+            except (JudgeUnavailable, ValueError) as exc:  # down, timed out, refused: missing, not zero
+                self.failures += n
+                self.last_error = str(exc)
+                return [None] * n
+
+    async def _score(self, prompt: Any, text: str) -> list[float | None]:
+        got = await self.judge.score(prompt=prompt_text(prompt), response=text, rubric=self.rubric, reference="")
+        return [got.score]
+
+    async def _rank(self, prompt: Any, texts: list[str]) -> list[float | None]:
+        return list(await self.judge.rank(prompt_text(prompt), texts, self.rubric))
