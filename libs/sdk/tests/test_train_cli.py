@@ -179,7 +179,14 @@ class FakeTrainer(TrainerServiceServicer):
         script = [
             _job("job-1", jobs.JOB_STATE_QUEUED),
             _job("job-1", jobs.JOB_STATE_RUNNING, 1, worker="gpu-0", attempts=1, metrics={"loss": 0.7}),
-            _job("job-1", jobs.JOB_STATE_RUNNING, 2, worker="gpu-1", attempts=2, metrics={"loss": 0.5}),
+            _job(
+                "job-1",
+                jobs.JOB_STATE_RUNNING,
+                2,
+                worker="gpu-1",
+                attempts=2,
+                metrics={"loss": 0.5, "flat_groups": 1, "groups": 4, "eta_s": 75},
+            ),
         ]
         return pb.GetJobResponse(job=script[self.polls - 1] if self.polls <= len(script) else self.final)
 
@@ -303,7 +310,8 @@ def test_wait_follows_the_job_to_its_policy(fake, capsys):
     assert "job job-1: attempt 2 (it resumes from its last checkpoint)" in lines
     assert "win_rate  0.75" in out
     assert "make it active with: flywheel policies promote pol-9" in out
-    assert "3/3" in err and "loss 0.5" in err  # the bar reached the end and showed the metrics
+    assert "3/3" in err  # the bar reached the end
+    assert "loss 0.5, flat groups 1/4, eta 1m 15s" in err  # and showed the trainer's figures
 
 
 def test_wait_exits_1_when_the_job_fails(fake, capsys):

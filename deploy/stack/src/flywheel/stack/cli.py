@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in stack.servers.env(nats_role=args.role).items():
             print(f"export {key}={shlex.quote(value)}")
         print(f"export FLYWHEEL_OPTIMIZER_ADDRESS={stack.services['optimizer'].address}")
+        if "trainer" in stack.services:  # flywheel train / policies
+            print(f"export FLYWHEEL_TRAINER_ADDRESS={stack.services['trainer'].address}")
     return 0
 
 

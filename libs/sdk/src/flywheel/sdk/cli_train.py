@@ -289,7 +289,13 @@ def print_result(job: pb.TrainingJob) -> None:
 
 
 def _bar_postfix(job: pb.TrainingJob) -> str:
-    return ", ".join(f"{k} {_number(job.metrics[k])}" for k in _BAR_METRICS if k in job.metrics)
+    m = job.metrics
+    parts = [f"{k} {_number(m[k])}" for k in _BAR_METRICS if k in m]
+    if m.get("groups"):  # GRPO/RLOO: groups whose completions all got one reward teach nothing
+        parts.append(f"flat groups {m.get('flat_groups', 0):.0f}/{m['groups']:.0f}")
+    if m.get("eta_s"):  # the trainer's estimate, steadier than the bar's own from a few polls
+        parts.append(f"eta {_duration(m['eta_s'])}")
+    return ", ".join(parts)
 
 
 def follow(
