@@ -1,7 +1,8 @@
 """Object storage (S3, MinIO, SeaweedFS) through the ``minio`` client.
 
 Buckets are named ``<bucket_prefix>-<purpose>`` (traces, datasets, checkpoints,
-reports). minio is synchronous, so calls run in a worker thread."""
+reports); ``get_object`` reads by bucket name, for URIs another service wrote. minio is
+synchronous, so calls run in a worker thread."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import timedelta
 
 import urllib3
 from minio import Minio
+from minio.error import S3Error
 
 from flywheel.core.settings import S3Settings
 
@@ -66,6 +68,30 @@ class ObjectStore:
             finally:
                 resp.close()
                 resp.release_conn()
+
+        return await asyncio.to_thread(_get)
+
+    async def get_object(self, bucket: str, key: str, *, max_bytes: int | None = None) -> bytes:
+        """Read ``s3://bucket/key`` by bucket *name*, for objects another service named in a
+        URI (a dataset manifest and its files) rather than by purpose. FileNotFoundError when
+        the bucket or key does not exist; ValueError when the object is over ``max_bytes``
+        (read no further than that)."""
+
+        def _get() -> bytes:
+            try:
+                resp = self.client.get_object(bucket, key)
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchBucket"):
+                    raise FileNotFoundError(f"s3://{bucket}/{key}: {exc.code}") from exc
+                raise
+            try:
+                data = resp.read() if max_bytes is None else resp.read(max_bytes + 1)
+            finally:
+                resp.close()
+                resp.release_conn()
+            if max_bytes is not None and len(data) > max_bytes:
+                raise ValueError(f"s3://{bucket}/{key}: larger than the {max_bytes}-byte limit")
+            return data
 
         return await asyncio.to_thread(_get)
 
