@@ -166,11 +166,20 @@ def train(
         log.warning("%s run ended with loss %s", spec.kind, result.final_loss)
     payload = {
         **asdict(result),
-        "spec": spec.model_dump(mode="json", exclude={"rewards"}),
+        "spec": spec.model_dump(mode="json", exclude={"rewards", "multi_turn"}),
         "rewards": [{"name": r.label, "weight": r.weight} for r in spec.rewards],
+        "multi_turn": _multi_turn_summary(spec),
     }
     Path(result.results_path).write_text(json.dumps(payload, indent=2, default=str))
     return result
+
+
+def _multi_turn_summary(spec: TrainSpec) -> dict[str, Any] | None:
+    if spec.multi_turn is None:
+        return None
+    environment = spec.multi_turn.environment
+    name = getattr(environment, "__qualname__", type(environment).__name__)
+    return {"environment": f"{getattr(environment, '__module__', '?')}:{name}", "max_turns": spec.multi_turn.max_turns}
 
 
 def _series(history: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, float]]:

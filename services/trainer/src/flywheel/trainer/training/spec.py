@@ -49,6 +49,23 @@ class RewardFunction(BaseModel):
         return self.name or getattr(self.fn, "__name__", type(self.fn).__name__)
 
 
+class MultiTurnSpec(BaseModel):
+    """GRPO over conversations (see :mod:`flywheel.trainer.training.multiturn`): ``environment``
+    is a simulated user ``(history) -> next user message | None``, or an environment factory
+    (a class or a no-argument callable) whose objects' public methods are tools."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    environment: Any
+    max_turns: int = Field(2, ge=1, le=64, description="most assistant turns per conversation")
+
+    @model_validator(mode="after")
+    def _callable(self) -> MultiTurnSpec:
+        if not callable(self.environment):
+            raise ValueError(f"multi_turn.environment {self.environment!r} is not callable")
+        return self
+
+
 class TrainSpec(BaseModel):
     """A training run. ``batch_size`` counts prompts (or pairs) per optimizer step; GRPO and
     RLOO generate ``num_generations`` completions for each of them."""
@@ -73,6 +90,7 @@ class TrainSpec(BaseModel):
     max_completion_length: int = Field(64, gt=0)
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
     rewards: tuple[RewardFunction, ...] = ()
+    multi_turn: MultiTurnSpec | None = None  # GRPO only
     device: str = "auto"
 
     @model_validator(mode="after")
@@ -81,4 +99,6 @@ class TrainSpec(BaseModel):
             raise ValueError(f"rewards: a {self.kind} run needs at least one reward function")
         if self.kind not in ("grpo", "rloo") and self.rewards:
             raise ValueError(f"rewards: only grpo and rloo take reward functions, not {self.kind}")
+        if self.multi_turn is not None and self.kind != "grpo":
+            raise ValueError(f"multi_turn: only grpo runs multi-turn rollouts (TRL's hooks), not {self.kind}")
         return self
