@@ -1,7 +1,8 @@
 """``flywheel policies`` against a real trainer process (PostgreSQL, NATS): list, show with its
 lineage, promote, rollback, the registry's refusals printed with their rule and exit code 1,
-the actor and reason kept in the status history. ``flywheel train``'s commands are tested
-against a fake TrainerService in libs/sdk/tests/test_train_cli.py until the job methods work."""
+the actor and reason kept in the status history; ``flywheel train list/show`` reach the same
+trainer. ``flywheel train``'s commands in full (submit, --dry-run, --wait) are tested against a
+fake TrainerService in libs/sdk/tests/test_train_cli.py."""
 
 from __future__ import annotations
 
@@ -120,6 +121,12 @@ async def test_policies_list_show_promote_rollback(launch, monkeypatch, capsys):
     code, out, err = run(capsys, "policies", "list", "--json")
     statuses = {p["version"]: p["status"] for p in json.loads(out) if p["name"] == NAME}
     assert statuses == {1: "POLICY_STATUS_ACTIVE", 2: "POLICY_STATUS_ROLLED_BACK", 3: "POLICY_STATUS_REGISTERED"}
+
+    # The job commands reach the same trainer (the lead's tests train real jobs).
+    code, out, err = run(capsys, "train", "list", "--state", "running", "--limit", "5")
+    assert (code, out) == (0, "no jobs\n"), err
+    code, out, err = run(capsys, "train", "show", "no-such-job")
+    assert code == 1 and err.startswith("error: NOT_FOUND: ") and "no-such-job" in err
 
     # Who asked and why are in the status history.
     conn = await asyncpg.connect(
