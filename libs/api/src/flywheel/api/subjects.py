@@ -335,8 +335,8 @@ ROLES: dict[str, RoleSpec] = {
         ),
         RoleSpec(
             "trainer",
-            "Runs training jobs and reports progress and policy changes.",
-            produces=("training_progress", "policy_changed"),
+            "Queues training jobs (SubmitJob), runs them, reports progress and policy changes.",
+            produces=("training_job", "training_progress", "policy_changed"),
             consumes=("trainer-jobs",),
             declares_topology=True,
         ),

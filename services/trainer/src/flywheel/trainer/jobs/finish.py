@@ -36,15 +36,16 @@ from flywheel.trainer.registry import service as registry
 from flywheel.trainer.registry.events import PolicyEvents
 from flywheel.trainer.registry.rules import Status
 from flywheel.trainer.settings import TrainerSettings
-from flywheel.trainer.training.run import RESULTS_FILE, TrainResult
 
 if TYPE_CHECKING:
     from flywheel.trainer.jobs.progress import ProgressReporter
     from flywheel.trainer.jobs.runner import Prepared
     from flywheel.trainer.registry.canary import Canaries
+    from flywheel.trainer.training.run import TrainResult
 
 log = get_logger(__name__)
 ACTOR = "trainer"
+RESULTS_FILE = "training_results.json"  # as written by flywheel.trainer.training.run
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class Finisher:
             )
         else:
             evaluation = await asyncio.to_thread(_evaluate_policy_in_thread, settings, prepared, result)
-        return {f"eval_{k}": v for k, v in evaluation.metrics.items()}
+        return {"eval_samples": float(evaluation.samples), **{f"eval_{k}": v for k, v in evaluation.metrics.items()}}
 
     async def _register(self, job_id: str, prepared: Prepared, adapter_uri: str, metrics: dict[str, float]) -> str:
         job = prepared.job

@@ -1,17 +1,19 @@
 """Progress of a running job, from the training thread to the bus and the database.
 
-The training thread must never wait on the network for a report, so reports go through a
-one-slot mailbox: a newer report replaces one not yet sent (a slow bus loses intermediate
-steps, never the latest). A task on the event loop publishes each as a
-TrainingProgressEvent on ``flywheel.trainer.progress.<job_id>`` and stores it on the job's
-row, which is what GetJob (and the CLI's progress bar) reads."""
+The training thread must never wait on the network for a report, so reports go into a
+bounded queue (the oldest are dropped, and counted, if the bus falls 1,000 steps behind). A
+task on the event loop publishes each, in order, as a TrainingProgressEvent on
+``flywheel.trainer.progress.<job_id>`` and stores the latest on the job's row, which is what
+GetJob (and the CLI's progress bar) reads. A state change (evaluating, succeeded, failed...)
+is published only after every step report before it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
-from typing import Any
+from collections import deque
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -22,10 +24,13 @@ from flywheel.core.bus.publisher import Publisher
 from flywheel.core.logging import get_logger
 from flywheel.trainer.jobs import service
 from flywheel.trainer.jobs.models import RUNNING
-from flywheel.trainer.training.progress import Progress
+
+if TYPE_CHECKING:
+    from flywheel.trainer.training.progress import Progress
 
 log = get_logger(__name__)
 SOURCE = "trainer"
+MAX_PENDING = 1000
 
 
 def progress_metrics(report: Progress) -> dict[str, float]:
@@ -78,17 +83,22 @@ class ProgressReporter:
         self._publisher = publisher
         self._subject = catalogue.training_progress(job_id)
         self._loop = loop
-        self._latest: Progress | None = None
+        self._pending: deque[Progress] = deque()
         self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.last: Progress | None = None
+        self.dropped = 0
 
     def start(self) -> None:
         self._task = self._loop.create_task(self._pump(), name=f"progress:{self.job_id}")
 
     def report(self, progress: Progress) -> None:
         """Called from the training thread at every logged step."""
-        self._latest = progress
+        if len(self._pending) >= MAX_PENDING:
+            self._pending.popleft()
+            self.dropped += 1
+        self._pending.append(progress)  # deque appends and pops are thread-safe
         self.last = progress
         self._loop.call_soon_threadsafe(self._wake.set)
 
@@ -96,26 +106,46 @@ class ProgressReporter:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            report, self._latest = self._latest, None
-            if report is not None:
-                await self._send(report)
+            await self.flush()
 
-    async def _send(self, report: Progress) -> None:
-        metrics = progress_metrics(report)
+    async def flush(self) -> None:
+        """Publish every pending step report, in order; store the latest on the job row."""
+        async with self._lock:
+            reports = []
+            while self._pending:
+                reports.append(self._pending.popleft())
+            for report in reports:
+                await self._publish(
+                    RUNNING, step=report.step, total_steps=report.max_steps, metrics=progress_metrics(report)
+                )
+            if reports:
+                await self._store(reports[-1])
+
+    async def _store(self, report: Progress) -> None:
         try:
             async with self._sessions() as session:
                 await service.record_progress(
-                    session, job_id=self.job_id, step=report.step, total_steps=report.max_steps, metrics=metrics
+                    session,
+                    job_id=self.job_id,
+                    step=report.step,
+                    total_steps=report.max_steps,
+                    metrics=progress_metrics(report),
                 )
                 await session.commit()
         except Exception as exc:  # noqa: BLE001 - progress is best effort; the job goes on
             log.warning("could not store progress", job_id=self.job_id, error=repr(exc))
-        await self.state(RUNNING, step=report.step, total_steps=report.max_steps, metrics=metrics)
 
     async def state(
         self, state: str, *, step: int, total_steps: int, metrics: dict[str, Any] | None = None, message: str = ""
     ) -> None:
-        """Publish one progress event (a step, or a state change with its message)."""
+        """Publish a state change with its message, after the step reports before it."""
+        await self.flush()
+        async with self._lock:
+            await self._publish(state, step=step, total_steps=total_steps, metrics=metrics, message=message)
+
+    async def _publish(
+        self, state: str, *, step: int, total_steps: int, metrics: dict[str, Any] | None = None, message: str = ""
+    ) -> None:
         event = progress_event(
             job_id=self.job_id,
             state=state,
@@ -131,11 +161,9 @@ class ProgressReporter:
             log.warning("could not publish progress", job_id=self.job_id, error=repr(exc))
 
     async def close(self) -> None:
-        """Send the last pending report, then stop."""
+        """Send what is pending, then stop."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._latest is not None:
-            report, self._latest = self._latest, None
-            await self._send(report)
+        await self.flush()

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from transformers import TrainerCallback
 
 from flywheel.api.subjects import Catalogue
 from flywheel.api.trainer.v1.events_pb2 import TrainingJobEvent
@@ -60,28 +59,29 @@ class Prepared:
     out_dir: Path
 
 
-class CheckpointUploader(TrainerCallback):  # type: ignore[misc]
-    """Each checkpoint goes to S3 as it is written (in the training thread,
+def checkpoint_uploader(runner: JobRunner, job_id: str, loop: asyncio.AbstractEventLoop) -> Any:
+    """A TrainerCallback: each checkpoint goes to S3 as it is written (in the training thread,
     so training goes on only once it is safe), its URI onto the job row, and the previous one
-    is deleted (a job keeps one checkpoint in S3, not one per save)."""
+    is deleted (a job keeps one checkpoint in S3, not one per save). Built on first use, so
+    the service starts without importing transformers."""
+    from transformers import TrainerCallback
 
-    def __init__(self, runner: JobRunner, job_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self._runner = runner
-        self._job_id = job_id
-        self._loop = loop
-        self._previous: str | None = None
-        self.uploaded: str | None = None
+    class CheckpointUploader(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.previous: str | None = None
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if not folder.is_dir():
-            return
-        uri = self._runner.upload_checkpoint(self._job_id, folder)
-        future = asyncio.run_coroutine_threadsafe(self._runner.record_checkpoint(self._job_id, uri), self._loop)
-        future.result(timeout=60)
-        if self._previous and self._previous != uri:
-            self._runner.delete_prefix(self._previous)
-        self._previous = self.uploaded = uri
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not folder.is_dir():
+                return
+            uri = runner.upload_checkpoint(job_id, folder)
+            future = asyncio.run_coroutine_threadsafe(runner.record_checkpoint(job_id, uri), loop)
+            future.result(timeout=60)
+            if self.previous and self.previous != uri:
+                runner.delete_prefix(self.previous)
+            self.previous = uri
+
+    return CheckpointUploader()
 
 
 class JobRunner:
@@ -143,6 +143,7 @@ class JobRunner:
                 await reporter.state(row.state, step=row.step, total_steps=row.total_steps, message=claim.reason)
             return
         log.info("job started", job_id=job_id, kind=row.kind, attempt=row.attempts)
+        reporter.start()
         await reporter.state(
             RUNNING, step=row.step, total_steps=row.total_steps, message=f"attempt {row.attempts} on {self.worker}"
         )
@@ -173,7 +174,7 @@ class JobRunner:
                     message=f"resumed from the checkpoint at step {prepared.resumed_step} ({checkpoint_uri})",
                 )
             rewards = await self._finisher.rewards(prepared, job_id=job_id, work_dir=self._job_dir(job_id))
-            uploader = CheckpointUploader(self, job_id, asyncio.get_running_loop())
+            uploader = checkpoint_uploader(self, job_id, asyncio.get_running_loop())
             spec = prepared.job.train_spec(
                 samples=len(prepared.train_rows),
                 rewards=rewards,

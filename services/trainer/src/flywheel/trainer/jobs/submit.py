@@ -117,7 +117,7 @@ class Submitter:
         if keys is None:
             raise Invalid("spec.base_model", f"{job.base_model}: no objects under this prefix")
 
-    async def _queue(self, rows: list[JobRow]) -> None:
+    async def _queue(self, rows: list[JobRow]) -> int:
         """Publish jobs on the work queue and mark them queued; a failure leaves them for the
         sweep (logged, not raised: the job is stored)."""
         done = []
@@ -137,6 +137,7 @@ class Submitter:
             async with self._sessions() as session:
                 await service.mark_queued(session, job_ids=done)
                 await session.commit()
+        return len(done)
 
     async def sweep_forever(self, *, interval_s: float = 10.0, grace_s: float = 5.0) -> None:
         """Queue the jobs a bus outage left unqueued, and purge finished jobs past retention."""
@@ -149,9 +150,8 @@ class Submitter:
                     )
                     purged = await service.purge(session, older_than=timedelta(days=self._settings.job_retention_days))
                     await session.commit()
-                if left:
-                    await self._queue(left)
-                    log.info("jobs queued by the sweep", count=len(left))
+                if left and (queued := await self._queue(left)):
+                    log.info("jobs queued by the sweep", count=queued, left=len(left) - queued)
                 if purged:
                     log.info("finished jobs purged", count=purged)
             except Exception as exc:  # noqa: BLE001 - try again next time

@@ -1,0 +1,117 @@
+"""Shared pieces of the training-job tests: datasets written to S3 as the trace store writes
+them, and a client waiting on a job."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import time
+from typing import Any
+
+import grpc
+import pytest
+from minio import Minio
+
+from flywheel.api.trainer.v1 import jobs_pb2 as jobs
+from flywheel.api.trainer.v1 import trainer_service_pb2 as pb
+from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
+
+FINAL = (jobs.JOB_STATE_SUCCEEDED, jobs.JOB_STATE_FAILED, jobs.JOB_STATE_CANCELLED)
+CITIES = ["Paris", "Rome", "Madrid", "Berlin", "Lisbon", "Vienna", "Oslo", "Dublin", "Athens", "Warsaw"]
+COUNTRIES = ["France", "Italy", "Spain", "Germany", "Portugal", "Austria", "Norway", "Ireland", "Greece", "Poland"]
+
+
+def s3(env: dict[str, str]) -> Minio:
+    return Minio(
+        env["FLYWHEEL_S3_ENDPOINT"],
+        access_key=env["FLYWHEEL_S3_ACCESS_KEY"],
+        secret_key=env["FLYWHEEL_S3_SECRET_KEY"],
+        secure=False,
+        region=env.get("FLYWHEEL_S3_REGION", "us-east-1"),
+    )
+
+
+def preference_rows(n: int, offset: int = 0) -> list[dict[str, Any]]:
+    """Capital-city preference pairs: the city alone is chosen, a ramble rejected."""
+    rows = []
+    for i in range(offset, offset + n):
+        country, city = COUNTRIES[i % len(COUNTRIES)], CITIES[i % len(CITIES)]
+        rows.append(
+            {
+                "prompt": f"What is the capital of {country}? ({i})",
+                "chosen": city,
+                "rejected": f"I think it might be {CITIES[(i + 3) % len(CITIES)]}, but I am not sure.",
+                "trace_ids": [f"t{i}"],
+            }
+        )
+    return rows
+
+
+def put_dataset(
+    env: dict[str, str],
+    name: str,
+    train: list[dict[str, Any]],
+    validation: list[dict[str, Any]],
+    *,
+    kind: str = "preference",
+) -> str:
+    """Write ``train``/``validation`` and their manifest as the trace store's export does;
+    returns the manifest's s3:// URI."""
+    client = s3(env)
+    bucket = f"{env['FLYWHEEL_S3_BUCKET_PREFIX']}-datasets"
+    if not client.bucket_exists(bucket):
+        client.make_bucket(bucket)
+    files = []
+    for split, rows in (("train", train), ("validation", validation)):
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        key = f"{kind}/{name}/{split}.jsonl"
+        client.put_object(bucket, key, io.BytesIO(data), len(data))
+        files.append(
+            {
+                "split": split,
+                "key": key,
+                "rows": len(rows),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "bytes": len(data),
+            }
+        )
+    manifest = {"dataset_id": name, "kind": kind, "format": "jsonl", "bucket": bucket, "files": files}
+    data = json.dumps(manifest).encode()
+    client.put_object(bucket, f"{kind}/{name}/manifest.json", io.BytesIO(data), len(data))
+    return f"s3://{bucket}/{kind}/{name}/manifest.json"
+
+
+def dpo_spec(dataset_uri: str, **hyperparameters: float) -> jobs.TrainingJobSpec:
+    spec = jobs.TrainingJobSpec(
+        kind=jobs.TRAINING_KIND_DPO, base_model="tiny", dataset_uri=dataset_uri, lora=jobs.LoraSpec(r=4, alpha=8)
+    )
+    spec.hyperparameters.update({"max_steps": 3, "batch_size": 2, "max_length": 64, **hyperparameters})
+    return spec
+
+
+async def wait_job(
+    stub: pb_grpc.TrainerServiceStub, job_id: str, *, until: Any = None, timeout_s: float = 180.0
+) -> jobs.TrainingJob:
+    """Poll GetJob until ``until(job)`` (default: a final state)."""
+    until = until or (lambda job: job.state in FINAL)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).job
+        if until(job):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} did not get there in {timeout_s} s: {job}")
+        await asyncio.sleep(0.2)
+
+
+async def refused(call: Any, *words: str) -> str:
+    """The call fails with INVALID_ARGUMENT whose details contain every word."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    details = err.value.details() or ""
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, f"{err.value.code().name}: {details}"
+    for word in words:
+        assert word in details, details
+    return details
