@@ -18,6 +18,7 @@ _WHERE = {
     "train": "run",
     "KINDS": "spec",
     "LoraSettings": "spec",
+    "MultiTurnSpec": "spec",
     "RewardFunction": "spec",
     "TrainSpec": "spec",
 }
