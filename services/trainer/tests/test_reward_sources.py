@@ -146,3 +146,28 @@ def test_verifiable_rewards_and_refusals(tmp_path) -> None:
         RewardSourceSpec(exact_match_column="answer", weight=float("inf"))
     with pytest.raises(ValidationError, match="judge_rank"):
         RewardSourceSpec(exact_match_column="answer", judge_rank=True)
+
+
+def test_gpu_speedups_switch_on_with_cuda_only(tmp_path, monkeypatch) -> None:
+    import importlib.util
+    from types import SimpleNamespace
+
+    from flywheel.trainer.training.common import Context
+
+    def context(kind: str, device: str, attention: str) -> Context:
+        model = SimpleNamespace(config=SimpleNamespace(_attn_implementation=attention))
+        spec = TrainSpec(kind=kind, base_model="tiny", max_steps=1)
+        return Context(spec, model, None, None, None, [], tmp_path, device)
+
+    cpu = context("sft", "cpu", "flash_attention_2").args()
+    assert not cpu["bf16"] and "padding_free" not in cpu and "use_liger_kernel" not in cpu
+    flash = context("sft", "cuda", "flash_attention_2").args()
+    assert flash["bf16"] and flash["padding_free"] and flash["packing_strategy"] == "bfd"
+    assert "padding_free" not in context("sft", "cuda", "sdpa").args()  # packed rows would see each other
+    assert "padding_free" not in context("dpo", "cuda", "flash_attention_2").args()  # disabled in TRL 1.16
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real_find_spec(name, *a)
+    )
+    assert context("dpo", "cuda", "sdpa").args()["use_liger_kernel"] is True
+    assert "use_liger_kernel" not in context("dpo", "cpu", "sdpa").args()
