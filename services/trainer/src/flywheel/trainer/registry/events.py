@@ -38,6 +38,9 @@ def policy_message(row: PolicyRow) -> jobs_pb2.Policy:
         dataset_uri=row.dataset_uri,
         parent_policy_id=row.parent_policy_id,
         metrics={k: float(v) for k, v in row.metrics.items()},
+        endpoint=row.endpoint or "",
+        arm_id=row.arm_id or "",
+        served_model=row.served_model or "",
     )
     policy.created_at.FromDatetime(row.created_at)
     policy.updated_at.FromDatetime(row.updated_at)

@@ -50,6 +50,8 @@ class PolicyRow(TrainerBase):
             unique=True,
             postgresql_where=text(f"status = {int(Status.ACTIVE)}"),
         ),
+        # The canary follower's scan (migration 0003).
+        Index("ix_policies_served_endpoint", "endpoint", postgresql_where=text("endpoint <> ''")),
     )
 
     policy_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -65,6 +67,11 @@ class PolicyRow(TrainerBase):
     status: Mapped[int] = mapped_column(SmallInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Where the version is served (migration 0003): its canary arm, and the model name the
+    # model server serves its adapter under; empty until it is enrolled.
+    endpoint: Mapped[str] = mapped_column(Text, server_default="", default="")
+    arm_id: Mapped[str] = mapped_column(Text, server_default="", default="")
+    served_model: Mapped[str] = mapped_column(Text, server_default="", default="")
 
 
 class PolicyHistoryRow(TrainerBase):

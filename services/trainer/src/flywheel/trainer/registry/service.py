@@ -215,6 +215,30 @@ async def set_status(session: AsyncSession, *, policy_id: str, status: Status, a
     return outcome
 
 
+async def enrol(
+    session: AsyncSession, *, policy_id: str, endpoint: str, arm_id: str, served_model: str, actor: str, reason: str
+) -> Outcome:
+    """Record where the version is served and make it a canary, in one transaction."""
+    target = await get_policy(session, policy_id=policy_id)
+    await _lock_name(session, target.name)
+    rows, active, activations = await _state(session, target.name)
+    target = rows[policy_id]
+    changes = rules.set_status(_version(target), Status.CANARY, _version(active) if active else None, activations)
+    target.endpoint, target.arm_id, target.served_model = endpoint, arm_id, served_model
+    return await _apply(session, rows, changes, actor=actor, reason=reason)
+
+
+async def served(session: AsyncSession) -> Sequence[PolicyRow]:
+    """Canary and active versions enrolled in an endpoint (what the canary follower checks)."""
+    return (
+        await session.scalars(
+            select(PolicyRow)
+            .where(PolicyRow.endpoint != "", PolicyRow.status.in_([int(Status.CANARY), int(Status.ACTIVE)]))
+            .order_by(PolicyRow.name, PolicyRow.version)
+        )
+    ).all()
+
+
 async def unpublished(session: AsyncSession, *, older_than: datetime, limit: int = 100) -> Sequence[PolicyHistoryRow]:
     """History rows whose event is not known to be on the bus (the outbox sweep's work)."""
     return (
