@@ -107,14 +107,13 @@ def _canaries(settings: TrainerSettings, database: object, events: PolicyEvents,
         return None
     from flywheel.trainer.registry.canary import Canaries
 
-    canaries = Canaries(settings=settings, sessions=database.sessions, events=events)  # type: ignore[attr-defined]
+    canaries = Canaries.from_settings(database.sessions, events, settings)  # type: ignore[attr-defined]
 
     async def follow() -> None:
         await canaries.follow_forever(interval_s=settings.canary_follow_s)
 
     parts.background.append(follow)
-    if hasattr(canaries, "close"):
-        parts.closers.append(canaries.close)
+    parts.closers.append(canaries.close)
     return canaries
 
 

@@ -93,30 +93,33 @@ class Finisher:
             return ()
         from flywheel.trainer.training.reward_sources import RewardSourceSpec, build_rewards
 
-        specs = []
-        for source in prepared.job.rewards:
-            specs.append(RewardSourceSpec(**await self._source_fields(source, work_dir)))
+        specs = [RewardSourceSpec(**await self._source_fields(s, work_dir)) for s in prepared.job.rewards]
         judge = judge_client(self._settings) if any(s.judge_rubric for s in prepared.job.rewards) else None
         return await asyncio.to_thread(
-            build_rewards, specs, judge=judge, policy=self._settings.policy, base_model=prepared.base_model
+            build_rewards,
+            specs,
+            judge=judge,
+            policy=self._settings.policy,
+            base_model=prepared.base_model,
+            num_generations=int(prepared.job.hyperparameters.get("num_generations", 4)),
         )
 
     async def _source_fields(self, source: RewardSourceDesc, work_dir: Path) -> dict[str, Any]:
         fields: dict[str, Any] = {"weight": source.weight}
         if source.reward_policy_id:
-            folder = await self.reward_model_dir(source.reward_policy_id, work_dir)
-            fields["reward_model_dir"] = str(folder)
+            folder, base = await self.reward_model(source.reward_policy_id, work_dir)
+            fields.update(reward_model_dir=str(folder), reward_model_base=base, name=source.reward_policy_id)
         elif source.judge_rubric:
-            fields["judge_rubric"] = source.judge_rubric
-            fields["judge_rank"] = source.judge_rank
+            fields.update(judge_rubric=source.judge_rubric, judge_rank=source.judge_rank)
         elif source.exact_match_column:
             fields["exact_match_column"] = source.exact_match_column
         else:
             fields["callable"] = source.callable
         return fields
 
-    async def reward_model_dir(self, policy_id: str, work_dir: Path) -> Path:
-        """Download a registered reward-model version's adapter (checked: it is one)."""
+    async def reward_model(self, policy_id: str, work_dir: Path) -> tuple[Path, str]:
+        """Download a registered reward-model version's adapter (checked: it is one), and its
+        base model when that lives in S3; returns (adapter folder, base model)."""
         async with self._sessions() as session:
             row = await registry.get_policy(session, policy_id=policy_id)
         problem = reward_policy_problem(row)
@@ -124,7 +127,16 @@ class Finisher:
             raise ValueError(f"reward_policy_id {policy_id!r}: {problem}")
         target = work_dir / "reward_models" / policy_id
         await asyncio.to_thread(storage.download_prefix, self._objects.client, row.checkpoint_uri, target)
-        return target
+        return target, await self.local_base(row.base_model)
+
+    async def local_base(self, base: str) -> str:
+        """A base model named by an s3:// prefix, downloaded once into the work dir."""
+        if not base.startswith("s3://"):
+            return base
+        bucket, prefix = storage.split_uri(base)
+        target = self._settings.work_dir / "models" / bucket / prefix
+        await asyncio.to_thread(storage.download_prefix, self._objects.client, base, target)
+        return str(target)
 
     # -- after training --------------------------------------------------------------------------
 

@@ -175,11 +175,13 @@ class JobRunner:
                 )
             rewards = await self._finisher.rewards(prepared, job_id=job_id, work_dir=self._job_dir(job_id))
             uploader = checkpoint_uploader(self, job_id, asyncio.get_running_loop())
+            extra: dict[str, Any] = {}
+            if "save_steps" not in prepared.job.hyperparameters:
+                extra["save_steps"] = self._settings.save_steps
+            if prepared.job.multi_turn_environment:
+                extra["multi_turn"] = self._multi_turn(prepared.job)
             spec = prepared.job.train_spec(
-                samples=len(prepared.train_rows),
-                rewards=rewards,
-                base_model=prepared.base_model,
-                **({} if "save_steps" in prepared.job.hyperparameters else {"save_steps": self._settings.save_steps}),
+                samples=len(prepared.train_rows), rewards=rewards, base_model=prepared.base_model, **extra
             )
             from flywheel.trainer.training.run import train
 
@@ -210,12 +212,7 @@ class JobRunner:
         job = job_from_json(spec_json, policy=self._settings.policy)
         dataset = await load_dataset(self._objects, job.dataset_uri)
         check_rows(job.kind, dataset.train, dataset.validation)
-        base = job.base_model
-        if base.startswith("s3://"):
-            bucket, prefix = storage.split_uri(base)
-            target = self._settings.work_dir / "models" / bucket / prefix
-            await asyncio.to_thread(storage.download_prefix, self._objects.client, base, target)
-            base = str(target)
+        base = await self._finisher.local_base(job.base_model)
         folder = self._job_dir(job_id)
         out_dir = folder / "out"
         resume_from, resumed_step = None, 0
@@ -237,6 +234,16 @@ class JobRunner:
             resumed_step=resumed_step,
             out_dir=out_dir,
         )
+
+    def _multi_turn(self, job: JobRequest) -> Any:
+        """The job's simulated user or environment, resolved under the run policy."""
+        from flywheel.core.callables import resolve_callable
+        from flywheel.trainer.training.spec import MultiTurnSpec
+
+        environment = resolve_callable(
+            job.multi_turn_environment, what="spec.multi_turn.environment", policy=self._settings.policy
+        )
+        return MultiTurnSpec(environment=environment, max_turns=job.multi_turn_max_turns)
 
     async def _watch_cancel(self, job_id: str, cancel: threading.Event) -> None:
         while not cancel.is_set():
