@@ -136,6 +136,23 @@ class Servers:
         )
 
 
+def link_services(procs: dict[str, ServiceProcess]) -> None:
+    """Tell services where the others they call are: the trainer enrols canaries in the
+    optimizer and asks the reward judge for rewards and win rates."""
+    links = {
+        "trainer": {
+            "optimizer": "FLYWHEEL_TRAINER_OPTIMIZER_ADDRESS",
+            "reward_judge": "FLYWHEEL_TRAINER_JUDGE_ADDRESS",
+        },
+    }
+    for caller, targets in links.items():
+        if caller not in procs:
+            continue
+        for target, variable in targets.items():
+            if target in procs:
+                procs[caller].env.setdefault(variable, procs[target].address)
+
+
 class Stack:
     """Servers plus services under one data folder."""
 
@@ -151,6 +168,7 @@ class Stack:
         procs = {
             name: ServiceProcess(name, env=servers.service_env(name), log_dir=root / "services") for name in services
         }
+        link_services(procs)
         return cls(root, servers, procs)
 
     @property
@@ -203,4 +221,5 @@ class Stack:
             )
             for n, s in state["services"].items()
         }
+        link_services(procs)
         return cls(root, servers, procs)
