@@ -62,10 +62,15 @@ def _smollm2_tokenizer(gguf: Path, cache_dir: Path) -> Any:
     never read half of it)."""
     from transformers import AutoTokenizer
 
+    from flywheel.modelserver.loading import default_cache_dir
+
     stat = gguf.stat()
-    folder = cache_dir / f"{gguf.stem}-tokenizer-{stat.st_size}-{int(stat.st_mtime)}"
-    if (folder / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(folder)
+    name = f"{gguf.stem}-tokenizer-{stat.st_size}-{int(stat.st_mtime)}"
+    folder = cache_dir / name
+    # A server given its own --cache-dir reuses a conversion from the default cache too.
+    for saved in (folder, default_cache_dir() / name):
+        if (saved / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(saved)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=cache_dir))
