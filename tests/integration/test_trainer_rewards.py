@@ -76,8 +76,7 @@ def test_the_judge_scores_grpo_completions(judge_process, tmp_path, rank: bool) 
         [RewardSourceSpec(judge_rubric="", judge_rank=rank)],
         judge=client,
         policy=RunPolicySettings(),
-        base_model="tiny",
-        num_generations=2,
+        base_model="tiny",  # num_generations left at its default (4): train() sets the spec's (2)
     )
     judge = reward.fn
     assert isinstance(judge, JudgeReward)

@@ -91,7 +91,7 @@ def build_rewards(
 ) -> tuple[RewardFunction, ...]:
     """The weighted reward functions of ``sources``, for ``TrainSpec.rewards``. ``base_model``
     is the policy's base, used for a reward model whose results name none. ``num_generations``
-    must match the spec's when a judge source ranks groups. Raises ValueError naming the
+    is the group size a ranking judge starts with; ``train()`` sets it to the spec's. Raises ValueError naming the
     source on anything it cannot build (a refused callable, a missing reward-model folder, a
     judge source with no judge client)."""
     built = []
@@ -192,33 +192,33 @@ class RewardModelReward:
         self.max_length = max_length
         self.__name__ = f"reward_model_{adapter.parent.name}"
 
-    def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
-        out = []
-        for p, c in zip(prompts, completions, strict=True):
-            if isinstance(p, list) and getattr(self.tokenizer, "chat_template", None):
-                messages = [*p, {"role": "assistant", "content": completion_text(c)}]
-                out.append(self.tokenizer.apply_chat_template(messages, tokenize=False))
-            else:
-                out.append(prompt_text(p) + completion_text(c))
-        return out
+    def sequence_ids(self, prompt: Any, completion: Any) -> list[int]:
+        """Token ids of prompt + completion as TRL's RewardTrainer built them in training: a
+        conversation through the chat template, else the text with EOS appended; truncated
+        keeping the start, as RewardTrainer does."""
+        if isinstance(prompt, list):
+            reply = completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
+            ids = self.tokenizer.apply_chat_template([*prompt, *reply], tokenize=True, return_dict=True)["input_ids"]
+        else:
+            eos = self.tokenizer.eos_token or ""
+            text = prompt_text(prompt) + completion_text(completion)
+            ids = self.tokenizer(text=text if text.endswith(eos) else text + eos)["input_ids"]
+        return list(ids)[: self.max_length]
 
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
         import torch
 
-        texts = self.texts(prompts, completions)
+        sequences = [self.sequence_ids(p, c) for p, c in zip(prompts, completions, strict=True)]
+        pad = self.tokenizer.pad_token_id
         scores: list[float | None] = []
         with torch.inference_mode():
-            for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(
-                    texts[start : start + self.batch_size],
-                    return_tensors="pt",
-                    padding=True,
-                    padding_side="right",
-                    truncation=True,
-                    max_length=self.max_length,
-                    add_special_tokens=False,
-                ).to(self.device)
-                logits = self.model(**batch).logits[:, 0]
+            for start in range(0, len(sequences), self.batch_size):
+                batch = sequences[start : start + self.batch_size]
+                width = max(len(ids) for ids in batch)
+                # Right padded: the score is read at the last non-pad token.
+                input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in batch], device=self.device)
+                mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in batch], device=self.device)
+                logits = self.model(input_ids=input_ids, attention_mask=mask).logits[:, 0]
                 scores += [float(x) for x in logits.float().cpu()]
         return scores
 

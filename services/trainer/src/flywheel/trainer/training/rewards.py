@@ -111,6 +111,11 @@ def combined_reward(functions: Sequence[RewardFunction], num_generations: int) -
     """The one reward TRL calls: async when any of ``functions`` is."""
     from trl.trainer.utils import is_async_callable
 
+    for f in functions:
+        # A group-wise reward (the judge's Rank) judges num_generations completions together:
+        # it follows the run's group size, whatever it was built with.
+        if isinstance(getattr(f.fn, "num_generations", None), int):
+            f.fn.num_generations = num_generations
     if any(is_async_callable(f.fn) for f in functions):
         return AsyncWeightedReward(functions, num_generations)
     return WeightedReward(functions, num_generations)
