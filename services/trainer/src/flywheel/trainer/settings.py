@@ -43,6 +43,10 @@ class TrainerSettings(ServiceSettings):
     run_jobs: bool = True
     # Scratch space for datasets, base models from S3 and checkpoints of the running job.
     work_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "flywheel" / "trainer")
+    # Folders a job may name a local base model under (besides 'tiny', 'smollm2' and s3://
+    # prefixes): a caller never makes the trainer read an arbitrary path. Default: the model
+    # server's converted-model cache.
+    model_roots: list[Path] = Field(default_factory=lambda: [Path.home() / ".cache" / "flywheel" / "models"])
     # The running job's message is marked in progress this often (the consumer's ack_wait is
     # 30 min): a replica killed mid-job has its job redelivered after ack_wait.
     heartbeat_s: float = Field(30.0, gt=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -31,6 +32,18 @@ from flywheel.trainer.settings import TrainerSettings
 from flywheel.trainer.training.spec import RewardFunction
 
 log = get_logger(__name__)
+
+
+def outside_roots(base: str, roots: list[Path]) -> str | None:
+    """Why a local base model may not be used (symlinks resolved), or None."""
+    path = Path(base).resolve()
+    resolved = [Path(r).resolve() for r in roots]
+    if any(path.is_relative_to(root) for root in resolved):
+        return None
+    return (
+        f"{base!r} is outside the folders local models may come from "
+        f"({TrainerSettings.env_var('model_roots')}: {', '.join(map(str, resolved)) or 'none'})"
+    )
 
 
 class Submitter:
@@ -105,8 +118,13 @@ class Submitter:
                     ) from None
 
     async def _check_base_model(self, job: JobRequest) -> None:
+        if job.base_model.startswith("/"):
+            problem = outside_roots(job.base_model, self._settings.model_roots)
+            if problem:
+                raise Invalid("spec.base_model", problem)
+            return
         if not job.base_model.startswith("s3://"):
-            return  # local paths and the built-in names were checked by parse_job
+            return  # the built-in names
         try:
             bucket, prefix = storage.split_uri(job.base_model)
             keys = await asyncio.to_thread(
