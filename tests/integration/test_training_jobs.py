@@ -103,6 +103,8 @@ async def test_dry_run_estimates_and_queues_nothing_and_bad_jobs_are_refused(lau
         missing = dpo_spec(good)
         missing.base_model = "/no/such/model"
         await refused(stub.SubmitJob(pb.SubmitJobRequest(spec=missing)), "spec.base_model")
+        missing.base_model = "/etc"  # exists, but is no place a model may come from
+        await refused(stub.SubmitJob(pb.SubmitJobRequest(spec=missing)), "spec.base_model", "outside")
         await refused(
             stub.SubmitJob(pb.SubmitJobRequest(spec=dpo_spec(good, learning_rate=float("nan")))),
             "spec.hyperparameters.learning_rate",
