@@ -141,6 +141,18 @@ def test_an_environment_needs_a_tool_calling_chat_template(tmp_path) -> None:
         MultiTurnSpec(environment="tests:nothing")
 
 
+def test_a_jobs_environment_path_is_resolved_under_the_run_policy() -> None:
+    from flywheel.core.run_policy import RunPolicySettings
+
+    allowed = RunPolicySettings(callable_modules=[__name__])
+    resolved = multiturn.from_path(f"{__name__}:Calculator", 0, policy=allowed)
+    assert resolved.environment is Calculator and resolved.max_turns == 2
+    with pytest.raises(ValueError, match=f"multi_turn.environment: '{__name__}:Calculator': module .* is not one"):
+        multiturn.from_path(f"{__name__}:Calculator", 3, policy=RunPolicySettings())
+    with pytest.raises(ValueError, match="'os:system'"):
+        multiturn.from_path("os:system", 3, policy=allowed)
+
+
 def test_the_rollout_masks_the_users_words_out_of_the_loss(monkeypatch) -> None:
     """The token layout of a two-turn conversation, with the model's turns scripted: the user's
     message and the template's separators are in the completion with env_mask 0."""

@@ -15,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402 - after the offline switches
 from pydantic import ValidationError  # noqa: E402 - after the offline switches
 
+from flywheel.api.trainer.v1 import jobs_pb2  # noqa: E402 - after the offline switches
 from flywheel.core.callables import CallableRefused  # noqa: E402 - after the offline switches
 from flywheel.core.run_policy import RunPolicySettings  # noqa: E402 - after the offline switches
 from flywheel.trainer.training import TrainSpec, exact_match, train  # noqa: E402 - after the offline switches
@@ -23,6 +24,7 @@ from flywheel.trainer.training.reward_sources import (  # noqa: E402 - after the
     RewardModelReward,
     RewardSourceSpec,
     build_rewards,
+    from_proto,
 )
 
 PROMPTS = [f"Capital of {c}? Answer with the city alone.\n" for c in ("France", "Japan", "Italy", "Peru")]
@@ -171,3 +173,18 @@ def test_gpu_speedups_switch_on_with_cuda_only(tmp_path, monkeypatch) -> None:
     )
     assert context("dpo", "cuda", "sdpa").args()["use_liger_kernel"] is True
     assert "use_liger_kernel" not in context("dpo", "cpu", "sdpa").args()
+
+
+def test_a_jobs_reward_sources_from_the_proto() -> None:
+    judge = jobs_pb2.RewardSource(weight=0.5, judge=jobs_pb2.JudgeReward(rubric="helpful", rank=True))
+    assert from_proto(judge) == RewardSourceSpec(weight=0.5, judge_rubric="helpful", judge_rank=True)
+    em = jobs_pb2.RewardSource(weight=1, verifiable=jobs_pb2.VerifiableReward(exact_match_column="answer"))
+    assert from_proto(em).exact_match_column == "answer"
+    fn = jobs_pb2.RewardSource(weight=1, verifiable=jobs_pb2.VerifiableReward(callable="pkg.mod:f"))
+    assert from_proto(fn).callable == "pkg.mod:f"
+    rm = jobs_pb2.RewardSource(weight=2, reward_policy_id="rm-v3")
+    assert from_proto(rm, reward_model_dir="/v/rm-v3").reward_model_dir == "/v/rm-v3"
+    with pytest.raises(ValueError, match="'rm-v3': the version's folder was not given"):
+        from_proto(rm)
+    with pytest.raises(ValueError, match="none of"):
+        from_proto(jobs_pb2.RewardSource(weight=1))

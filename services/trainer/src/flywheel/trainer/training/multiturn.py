@@ -40,6 +40,16 @@ SIMULATED_USER = "simulated_user"
 ENVIRONMENT = "environment"
 
 
+def from_path(environment: str, max_turns: int, *, policy: Any) -> MultiTurnSpec:
+    """A job's ``MultiTurn`` (``module:function`` and max turns, 0 for the default 2) as a spec,
+    the path resolved under the run policy (:func:`flywheel.core.callables.resolve_callable`);
+    a refused path is a ValueError naming it."""
+    from flywheel.core.callables import resolve_callable
+
+    found = resolve_callable(environment, what="multi_turn.environment", policy=policy)
+    return MultiTurnSpec(environment=found, max_turns=max_turns or 2)
+
+
 def driver_kind(environment: Any) -> str:
     """``"environment"`` for a class or a callable of no required arguments (a factory), else
     ``"simulated_user"`` (a callable taking the history)."""

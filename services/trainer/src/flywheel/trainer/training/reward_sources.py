@@ -79,6 +79,28 @@ class RewardSourceSpec(BaseModel):
         return self
 
 
+def from_proto(source: Any, *, reward_model_dir: str | None = None) -> RewardSourceSpec:
+    """A job's ``flywheel.api.trainer.v1.RewardSource`` as a spec. A ``reward_policy_id`` names
+    a registered reward-model version: the job runner downloads it and passes its folder as
+    ``reward_model_dir``."""
+    which = source.WhichOneof("source")
+    weight = source.weight
+    if which == "reward_policy_id":
+        if reward_model_dir is None:
+            raise ValueError(f"reward_policy_id {source.reward_policy_id!r}: the version's folder was not given")
+        return RewardSourceSpec(weight=weight, reward_model_dir=reward_model_dir, name=source.reward_policy_id)
+    if which == "judge":
+        return RewardSourceSpec(weight=weight, judge_rubric=source.judge.rubric, judge_rank=source.judge.rank)
+    if which == "verifiable":
+        check = source.verifiable.WhichOneof("check")
+        if check == "exact_match_column":
+            return RewardSourceSpec(weight=weight, exact_match_column=source.verifiable.exact_match_column)
+        if check == "callable":
+            return RewardSourceSpec(weight=weight, callable=source.verifiable.callable)
+        raise ValueError("reward source: verifiable names neither exact_match_column nor callable")
+    raise ValueError("reward source: none of reward_policy_id, judge, verifiable is set")
+
+
 def build_rewards(
     sources: Sequence[RewardSourceSpec],
     *,
