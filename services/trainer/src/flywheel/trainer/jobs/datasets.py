@@ -80,10 +80,11 @@ def parse_manifest_uri(uri: str) -> tuple[str, str]:
 async def load_dataset(objects: ObjectStore, manifest_uri: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> LoadedDataset:
     """Read the manifest at ``manifest_uri`` and its train/validation JSONL files, refusing a
     file whose sha256 or row count differs from the manifest's, and more than ``max_bytes``
-    of files in all. DatasetError (a ValueError) for anything wrong with the dataset itself;
-    S3 being unreachable raises the client's own error (worth a retry)."""
+    of files in all (the manifest has its own cap, ``MAX_MANIFEST_BYTES``). DatasetError (a
+    ValueError) for anything wrong with the dataset itself; S3 being unreachable raises the
+    client's own error (worth a retry)."""
     bucket, key = parse_manifest_uri(manifest_uri)
-    raw = await _read(objects, bucket, key, min(max_bytes, MAX_MANIFEST_BYTES), "manifest")
+    raw = await _read(objects, bucket, key, MAX_MANIFEST_BYTES, "manifest")
     manifest = _manifest(raw, manifest_uri)
     files_bucket = manifest.get("bucket") or bucket
     if not isinstance(files_bucket, str) or not _BUCKET.match(files_bucket):
