@@ -1,8 +1,9 @@
 """``flywheel policies`` against a real trainer process (PostgreSQL, NATS): list, show with its
 lineage, promote, rollback, the registry's refusals printed with their rule and exit code 1,
 the actor and reason kept in the status history; ``flywheel train list/show`` reach the same
-trainer. ``flywheel train``'s commands in full (submit, --dry-run, --wait) are tested against a
-fake TrainerService in libs/sdk/tests/test_train_cli.py."""
+trainer; ``flywheel train submit --dry-run`` estimates and ``--wait`` follows a real job to its
+version. Every flag and outcome is also tested against a fake TrainerService in
+libs/sdk/tests/test_train_cli.py."""
 
 from __future__ import annotations
 
@@ -156,3 +157,32 @@ async def test_policies_list_show_promote_rollback(launch, monkeypatch, capsys):
     )
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 4
+
+
+async def test_train_submit_dry_run_and_wait_on_a_real_trainer(launch, monkeypatch, capsys, tmp_path):
+    from .trainer_jobs import preference_rows, put_dataset
+
+    trainer = launch(
+        "trainer",
+        env={"FLYWHEEL_TRAINER_WORK_DIR": str(tmp_path / "work"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    monkeypatch.setenv("FLYWHEEL_TRAINER_ADDRESS", trainer.address)
+    monkeypatch.delenv("FLYWHEEL_AUTH_TOKEN", raising=False)
+    uri = put_dataset(launch.env, "cli", preference_rows(12), preference_rows(3, offset=30))
+    common = ["train", "submit", "--kind", "dpo", "--dataset", uri, "--base-model", "tiny", "--name", "cli-dpo"]
+    hps = ["--hp", "max_steps=3", "--hp", "batch_size=2", "--hp", "max_length=48", "--lora-r", "4"]
+
+    code, out, err = run(capsys, *common, *hps, "--dry-run", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["samples"], report["validation_samples"], report["estimated_steps"]) == (12, 3, 3)
+    code, out, _ = run(capsys, "train", "list", "--json")
+    assert code == 0 and json.loads(out) == []  # the dry run stored nothing
+
+    code, out, err = run(capsys, *common, *hps, "--wait", "--poll", "0.3")
+    assert code == 0, err
+    code, out, _ = run(capsys, "train", "list", "--json")
+    (job,) = json.loads(out)
+    assert job["state"] == "JOB_STATE_SUCCEEDED" and int(job["step"]) == 3 and job["policy_id"], job
+    code, out, _ = run(capsys, "policies", "show", job["policy_id"], "--json")
+    assert code == 0 and json.loads(out)["job_id"] == job["job_id"]

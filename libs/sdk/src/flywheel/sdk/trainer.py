@@ -57,6 +57,9 @@ KIND_NAMES = {
     pb.TRAINING_KIND_RLOO: "rloo",
 }
 KIND_FROM_NAME = {name: kind for kind, name in KIND_NAMES.items()}
+# SubmitJob reads and checks the dataset before answering: more than a metadata call.
+SUBMIT_TIMEOUT_S = 180.0
+
 # The kinds that generate completions and score them with rewards.
 ONLINE_KINDS = frozenset({pb.TRAINING_KIND_GRPO, pb.TRAINING_KIND_RLOO})
 
@@ -94,8 +97,13 @@ class TrainerClient(_transport.BlockingClient):
 
     def submit(self, spec: pb.TrainingJobSpec, *, dry_run: bool = False) -> svc.SubmitJobResponse:
         """Queue a job (``response.job``), or with ``dry_run`` only check and estimate it
-        (``response.dry_run``: nothing is stored, queued or trained)."""
-        return self._call(self._stub.SubmitJob, svc.SubmitJobRequest(spec=spec, dry_run=dry_run))
+        (``response.dry_run``: nothing is stored, queued or trained). The trainer reads the
+        whole dataset (and for a dry run the base model's tokenizer) first, so this call gets
+        at least SUBMIT_TIMEOUT_S."""
+        request = svc.SubmitJobRequest(spec=spec, dry_run=dry_run)
+        return self._stub.SubmitJob(  # type: ignore[no-any-return]
+            request, timeout=max(self._timeout, SUBMIT_TIMEOUT_S), metadata=self._metadata
+        )
 
     def get_job(self, job_id: str) -> pb.TrainingJob:
         return self._call(self._stub.GetJob, svc.GetJobRequest(job_id=job_id)).job
