@@ -1,6 +1,6 @@
 """Every job kind through the real trainer's queue, on a tiny model: reward model, SFT, DPO,
 KTO, GRPO (an exact-match reward, and the reward model trained just before as a second
-reward) and RLOO each train two steps, checkpoint to S3 and register a version with its
+reward), SFT from a base model in S3, and RLOO each train two steps, checkpoint to S3 and register a version with its
 lineage and held-out figures. A job whose data changes after it was accepted fails with the
 reason in GetJob and in its progress events, and the trainer goes on with the next."""
 
@@ -45,6 +45,22 @@ def datasets(env: dict[str, str]) -> dict[str, str]:
     kto = put_dataset(env, "kto", kto_rows[:12], kto_rows[12:], kind="kto")
     prompts = put_dataset(env, "prompts", questions(12), questions(3, 40), kind="prompts")
     return {"pairs": pairs, "sft": sft, "kto": kto, "prompts": prompts}
+
+
+def upload_tiny_base(env: dict[str, str], folder) -> str:
+    """The tiny base saved as a model folder and put in S3; its s3:// prefix."""
+    from flywheel.trainer.training.models import load_for_training
+
+    loaded = load_for_training("tiny", device="cpu")
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    client = s3(env)
+    bucket = f"{env['FLYWHEEL_S3_BUCKET_PREFIX']}-models"
+    if not client.bucket_exists(bucket):
+        client.make_bucket(bucket)
+    for path in folder.iterdir():
+        client.fput_object(bucket, f"tiny/{path.name}", str(path))
+    return f"s3://{bucket}/tiny"
 
 
 def spec(kind: int, dataset: str, name: str, **hyperparameters: float) -> jobs.TrainingJobSpec:
@@ -107,6 +123,19 @@ async def test_every_kind_trains_checkpoints_and_registers_with_lineage(launch, 
         assert "flat_groups" in done.metrics and done.metrics["groups"] >= 2  # flat groups are counted
         # The verifiable metric the job named, on the held-out prompts, for the adapter and its base.
         assert {"eval_exact_match:answer", "eval_exact_match:answer_base"} <= set(policy.metrics), policy.metrics
+
+        # A base model from an S3 prefix (a model folder, as an operator uploads one).
+        base_uri = upload_tiny_base(launch.env, tmp_path / "base")
+        from_s3 = spec(K.TRAINING_KIND_SFT, data["sft"], "sft-s3")
+        from_s3.base_model = base_uri
+        job = (await stub.SubmitJob(pb.SubmitJobRequest(spec=from_s3))).job
+        done = await wait_job(stub, job.job_id, timeout_s=300)
+        assert done.state == K.JOB_STATE_SUCCEEDED, done.error
+        missing = spec(K.TRAINING_KIND_SFT, data["sft"], "sft-s3")
+        missing.base_model = base_uri + "-nowhere"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitJob(pb.SubmitJobRequest(spec=missing))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.base_model" in err.value.details()
 
         rloo = spec(K.TRAINING_KIND_RLOO, data["prompts"], "rloo", num_generations=2, max_completion_length=8)
         rloo.rewards.add(weight=1.0).verifiable.exact_match_column = "answer"
