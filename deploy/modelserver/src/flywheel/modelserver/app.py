@@ -1,6 +1,7 @@
 """The HTTP routes: ``POST /v1/chat/completions`` (plain and ``stream: true`` server-sent
-events), ``GET /v1/models`` and ``GET /health``; with runtime loading on, vLLM's
-``POST /v1/load_lora_adapter`` (``{"lora_name", "lora_path"}``) and
+events), ``POST /v1/completions`` (OpenAI's legacy completions with ``echo``/``logprobs`` and
+vLLM's ``prompt_logprobs``; ``max_tokens: 0`` scores a text), ``GET /v1/models`` and
+``GET /health``; with runtime loading on, vLLM's ``POST /v1/load_lora_adapter`` (``{"lora_name", "lora_path"}``) and
 ``POST /v1/unload_lora_adapter`` (``{"lora_name"}``). Errors use OpenAI's error body."""
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from typing import Any
 from aiohttp import web
 
 from flywheel.modelserver.adapters import RuntimeLoading
+from flywheel.modelserver.completions import completion_answer, wanted_top_k
 from flywheel.modelserver.engine import Engine, Generation
 from flywheel.modelserver.protocol import (
     RequestError,
     chunk_body,
     completion_body,
     completion_id,
+    parse_completion_request,
     parse_request,
+    text_completion_id,
     usage,
 )
 
@@ -76,6 +80,7 @@ def build_app(
     app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
     app.on_cleanup.append(_close)
     return app
 
@@ -160,6 +165,15 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     await request.app[ENGINE].unload_adapter(name)
     log.info("unloaded LoRA adapter %s", name)
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+async def completions(request: web.Request) -> web.Response:
+    """OpenAI's legacy completions, scored on the engine's thread with the adapter named by ``model``."""
+    engine = request.app[ENGINE]
+    body = parse_completion_request(await _json_body(request))
+    prepared = engine.prepare_completion(body)
+    scored = await engine.complete_scored(prepared, top_k=wanted_top_k(body))
+    return web.json_response(completion_answer(engine, body, scored, text_completion_id()))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

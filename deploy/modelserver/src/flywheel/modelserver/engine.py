@@ -17,12 +17,12 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flywheel.modelserver.loading import BaseModel
-from flywheel.modelserver.protocol import ChatRequest, RequestError
+from flywheel.modelserver.protocol import ChatRequest, CompletionRequest, RequestError
 
 _END = object()
 
@@ -35,7 +35,7 @@ class Prepared:
     adapter: str | None
     input_ids: Any
     max_new_tokens: int
-    request: ChatRequest
+    request: ChatRequest | CompletionRequest
 
 
 @dataclass
@@ -44,6 +44,29 @@ class Generation:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    token_ids: list[int] = field(default_factory=list)  # as generated (special tokens included)
+
+
+@dataclass
+class TokenScores:
+    """Log-probabilities of a token sequence under the served model, position by position:
+    entry i scores ``token_ids[i]`` given the tokens before it (None for the first token)."""
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    ranks: list[int | None]  # 1 = the model's most likely token there
+    top: list[list[tuple[int, float]] | None]  # the ``top_k`` most likely tokens, best first
+
+
+@dataclass
+class Scored:
+    """A legacy completion: the generation, and the scores of prompt + completion tokens
+    (``scores`` None when the request asked for no log-probabilities)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    generation: Generation
+    scores: TokenScores | None
 
 
 class Engine:
@@ -128,19 +151,22 @@ class Engine:
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
+    def _bind(self, model: str) -> str | None:
+        """The adapter serving ``model`` (None: the base model); 404 if none does."""
+        if model == self.base.name:
+            return None
+        if model in self.adapters:
+            return model
+        raise RequestError(
+            f"model {model!r} is not served here; served models: {', '.join(self.model_names())}",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+
     def prepare(self, request: ChatRequest) -> Prepared:
         """Bind the request to a model and tokenise it; RequestError if it cannot run."""
-        if request.model == self.base.name:
-            adapter = None
-        elif request.model in self.adapters:
-            adapter = request.model
-        else:
-            raise RequestError(
-                f"model {request.model!r} is not served here; served models: {', '.join(self.model_names())}",
-                status=404,
-                param="model",
-                code="model_not_found",
-            )
+        adapter = self._bind(request.model)
         ids = self.tokenizer.apply_chat_template(
             request.chat(), add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]
@@ -157,6 +183,50 @@ class Engine:
                 param="max_tokens",
             )
         return Prepared(request.model, adapter, ids, wanted, request)
+
+    def prepare_completion(self, request: CompletionRequest) -> Prepared:
+        """Bind a legacy completions request to a model and tokenise its prompt as vLLM does
+        (the tokenizer's special tokens added); RequestError if it cannot run. ``max_tokens``
+        0 is allowed: the prompt is only scored."""
+        adapter = self._bind(request.model)
+        import torch
+
+        if isinstance(request.prompt, str):
+            ids = list(self.tokenizer(request.prompt)["input_ids"])
+        else:
+            vocab = int(self.base.model.config.vocab_size)
+            bad = [t for t in request.prompt if t >= vocab]
+            if bad:
+                raise RequestError(
+                    f"prompt: token ids {bad[:5]} are outside this model's vocabulary ({vocab})", param="prompt"
+                )
+            ids = list(request.prompt)
+        if not ids:
+            raise RequestError("prompt: the prompt has no tokens", param="prompt")
+        room = self.context_length - len(ids)
+        if room < 0:
+            raise RequestError(
+                f"the prompt is {len(ids)} tokens; this model's context is {self.context_length}", param="prompt"
+            )
+        allowed = min(self.max_tokens_cap, room)
+        if request.max_tokens > allowed:
+            raise RequestError(
+                f"max_tokens {request.max_tokens} is more than this server allows here "
+                f"({allowed}: cap {self.max_tokens_cap}, context room {room})",
+                param="max_tokens",
+            )
+        return Prepared(request.model, adapter, torch.tensor([ids]), request.max_tokens, request)
+
+    async def complete_scored(self, prepared: Prepared, *, top_k: int | None) -> Scored:
+        """Generate ``prepared.max_new_tokens`` tokens (none for 0), then, with ``top_k`` not
+        None, score prompt + completion in one forward pass on the worker thread with the
+        request's adapter (raw model log-probabilities, before temperature or top-p)."""
+        loop = asyncio.get_running_loop()
+        cancel = threading.Event()
+        try:
+            return await loop.run_in_executor(self._worker, self._complete_scored, prepared, cancel, top_k)
+        finally:
+            cancel.set()
 
     async def complete(self, prepared: Prepared) -> Generation:
         """Generate the whole answer."""
@@ -286,10 +356,83 @@ class Engine:
                 prompt_tokens=int(input_ids.shape[1]),
                 completion_tokens=len(new),
                 finish_reason="stop" if ended else "length",
+                token_ids=new,
             )
         finally:
             if push is not None:
                 push(_END)
+
+    def _complete_scored(self, prepared: Prepared, cancel: threading.Event, top_k: int | None) -> Scored:
+        prompt_ids = prepared.input_ids[0].tolist()
+        if prepared.max_new_tokens > 0:
+            generation = self._generate(prepared, cancel, None)
+        else:
+            generation = Generation("", len(prompt_ids), 0, "length")
+        completion_ids = self._visible(generation)
+        scores = None
+        if top_k is not None:
+            scores = self._score(prepared.adapter, prompt_ids + completion_ids, top_k)
+        return Scored(prompt_ids, completion_ids, generation, scores)
+
+    def _visible(self, generation: Generation) -> list[int]:
+        """The generated tokens behind ``generation.text``: special tokens dropped, and after a
+        stop string only as many as reach the text's end (the last may run past it)."""
+        special = set(self.tokenizer.all_special_ids)
+        ids = [t for t in generation.token_ids if t not in special]
+        if len(self.tokenizer.decode(ids)) <= len(generation.text):
+            return ids
+        for n in range(len(ids) + 1):
+            if len(self.tokenizer.decode(ids[:n])) >= len(generation.text):
+                return ids[:n]
+        return ids
+
+    def _score(self, adapter: str | None, ids: list[int], top_k: int, chunk: int = 512) -> TokenScores:
+        import torch
+
+        with self._adapter(adapter), torch.inference_mode():
+            input_ids = torch.tensor([ids], device=self.base.device)
+            logits = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits[0]
+            logprobs: list[float | None] = [None]
+            ranks: list[int | None] = [None]
+            top: list[list[tuple[int, float]] | None] = [None]
+            targets = input_ids[0, 1:]
+            # Position by position in chunks: a full [tokens x vocab] float32 table can be large.
+            for start in range(0, len(ids) - 1, chunk):
+                logp = torch.log_softmax(logits[start : start + chunk][: len(ids) - 1 - start].float(), dim=-1)
+                want = targets[start : start + logp.shape[0]]
+                chosen = logp.gather(1, want[:, None])[:, 0]
+                logprobs += chosen.tolist()
+                ranks += ((logp > chosen[:, None]).sum(dim=-1) + 1).tolist()
+                if top_k > 0:
+                    values, indices = logp.topk(top_k, dim=-1)
+                    pairs = zip(indices.tolist(), values.tolist(), strict=True)
+                    top += [list(zip(i, v, strict=True)) for i, v in pairs]
+                else:
+                    top += [[] for _ in range(logp.shape[0])]
+        return TokenScores(ids, logprobs, ranks, top)
+
+    def token_pieces(self, ids: list[int], text: str | None = None) -> list[str]:
+        """The text of each token, such that the pieces joined give the decoded text (or
+        ``text``, when ``ids`` are its tokens): a leading space belongs to its token, and a
+        character split over several byte-level tokens goes to the one that completes it."""
+        if text is not None:
+            enc = self.tokenizer(text, return_offsets_mapping=True)
+            if list(enc["input_ids"]) == list(ids) and "offset_mapping" in enc:
+                pieces, end = [], 0
+                for _, stop in enc["offset_mapping"]:
+                    pieces.append(text[end:stop] if stop > end else "")
+                    end = max(end, stop)
+                if end == len(text):
+                    return pieces
+        pieces, done = [], ""
+        for n in range(1, len(ids) + 1):
+            now = self.tokenizer.decode(ids[:n])
+            if now.endswith("\ufffd") or not now.startswith(done):
+                pieces.append("")  # an incomplete character: it shows up with a later token
+                continue
+            pieces.append(now[len(done) :])
+            done = now
+        return pieces
 
     @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Any:

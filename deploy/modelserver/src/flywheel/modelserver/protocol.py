@@ -1,4 +1,5 @@
-"""The OpenAI chat completions wire format: request validation and response bodies.
+"""The OpenAI wire format (chat completions, and legacy completions with log-probabilities):
+request validation and response bodies.
 
 Unknown request fields are accepted and ignored (clients such as LiteLLM send extras);
 fields we read are checked, and a bad one is a 400 whose message names it."""
@@ -24,6 +25,13 @@ class RequestError(Exception):
     def body(self) -> dict[str, Any]:
         kind = {401: "authentication_error", 404: "not_found_error"}.get(self.status, "invalid_request_error")
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
+
+
+def _check_stops(v: str | list[str] | None) -> str | list[str] | None:
+    stops = [v] if isinstance(v, str) else (v or [])
+    if len(stops) > 4 or any(not s for s in stops):
+        raise ValueError("give at most 4 non-empty stop strings")
+    return v
 
 
 class Message(BaseModel):
@@ -75,10 +83,7 @@ class ChatRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("give at most 4 non-empty stop strings")
-        return v
+        return _check_stops(v)
 
     @model_validator(mode="after")
     def _one_limit(self) -> ChatRequest:
@@ -96,10 +101,14 @@ class ChatRequest(BaseModel):
 
 def parse_request(body: Any) -> ChatRequest:
     """Validate a decoded JSON body; raise RequestError naming every bad field."""
+    return _validate(ChatRequest, body)
+
+
+def _validate(model: Any, body: Any) -> Any:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     try:
-        return ChatRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -152,3 +161,109 @@ def chunk_body(
     if usage_ is not None:
         body["usage"] = usage_
     return body
+
+
+# -- legacy completions (POST /v1/completions) -------------------------------------------------
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI's legacy completions request, with vLLM's ``prompt_logprobs``.
+
+    ``echo`` returns the prompt before the completion (and, with ``logprobs``, the prompt's
+    tokens and their log-probabilities, the first one null); ``max_tokens: 0`` scores the
+    prompt without generating. ``logprobs`` (0-5, OpenAI) and ``prompt_logprobs`` (0-20, vLLM)
+    count alternatives per position: the chosen token is always given as well."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    prompt: str | list[int] | list[str]
+    max_tokens: int = Field(16, ge=0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = 1
+    stream: bool = False
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    suffix: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("streaming is not supported on /v1/completions; use /v1/chat/completions")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (insertion) is not supported")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int]:
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            if len(v) != 1:
+                raise ValueError("give one prompt (a string, a list of one string, or a list of token ids)")
+            v = v[0]
+        if isinstance(v, list) and any(x < 0 for x in v):  # type: ignore[operator]
+            raise ValueError("token ids must be non-negative")
+        if not v:
+            raise ValueError("the prompt is empty")
+        return v  # type: ignore[return-value]
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return _check_stops(v)
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    """Validate a decoded /v1/completions body; raise RequestError naming every bad field."""
+    return _validate(CompletionRequest, body)
+
+
+def text_completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def text_completion_body(
+    cid: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    *,
+    logprobs: dict[str, Any] | None = None,
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None,
+) -> dict[str, Any]:
+    """An OpenAI ``text_completion`` body; ``prompt_logprobs`` sits in the choice, as vLLM puts it."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
