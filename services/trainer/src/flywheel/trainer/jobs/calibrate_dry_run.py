@@ -1,12 +1,13 @@
 """Measure a few real training steps and print them beside the dry run's estimate, to calibrate
 ``dry_run.CPU`` (or check it)::
 
-    nice -n 10 python -m flywheel.trainer.jobs.calibrate_dry_run tiny sft 6
-    nice -n 10 python -m flywheel.trainer.jobs.calibrate_dry_run smollm2 dpo 3 --estimate-only
+    OMP_NUM_THREADS=1 nice -n 10 python -m flywheel.trainer.jobs.calibrate_dry_run tiny sft 6
+    python -m flywheel.trainer.jobs.calibrate_dry_run smollm2 dpo 3 --estimate-only
 
 Steps are timed from ``on_progress`` (the first step, with its warm-up, is left out) in wall
-seconds and in the process's CPU seconds; CPU seconds stay meaningful on a shared machine. Peak
-memory is the process's max RSS. Not part of the service: a tool for whoever revises the figures."""
+seconds and in the process's CPU seconds. With one thread, CPU seconds stay meaningful on a
+shared machine (with more, OpenMP's spin-waiting counts as CPU time). Peak memory is the
+process's max RSS. Not part of the service: a tool for whoever revises the figures."""
 
 from __future__ import annotations
 

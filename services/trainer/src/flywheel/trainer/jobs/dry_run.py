@@ -4,12 +4,14 @@ Reads the rows (counts, score statistics), the base model's tokenizer (tokens pe
 its config (parameter counts, on PyTorch's ``meta`` device: shapes only, no memory), then
 applies two stated models:
 
-**Time**: ``seconds = steps x (step_overhead + flops_per_step / flop_rate) + startup``, with
-``flops_per_step`` = 2 x (linear-layer parameters) per token per forward pass, forward passes
-counted per kind (a LoRA backward costs about one forward: frozen weights get no gradient; with
-activation checkpointing, on CUDA, one more forward), GRPO/RLOO adding their generation (one
-forward per generated token, each paying ``decode_overhead``). The CPU figures were measured
-(see ``CPU``); the CUDA figures are assumptions, not measurements.
+**Time**: ``seconds = startup + steps x (step_overhead [+ reference_overhead] + flops_per_step /
+flop_rate)``, with ``flops_per_step`` = 2 x (linear-layer parameters) per token per forward
+pass, forward passes counted per kind (a LoRA backward costs about one forward: frozen weights
+get no gradient; activation checkpointing, on CUDA, one more; DPO, KTO and GRPO/RLOO with
+``beta > 0`` one more for the reference model), GRPO/RLOO adding their generation (one forward
+per generated token and sequence, plus ``decode_overhead`` a token). Tokens per step count the
+samples' measured lengths, not padding. The CPU figures were measured on one core (see
+``CPU``); the CUDA figures are assumptions, not measurements.
 
 **Memory** (peak, bytes): base weights (4 bytes a parameter in float32 on the CPU, 2 in bf16
 on CUDA) + trainable parameters (LoRA and a reward model's score head, float32) x 16 (weight,
@@ -44,30 +46,47 @@ class Throughput:
 
     flop_rate: float  # effective FLOP/s of a training step
     step_overhead_s: float  # per optimizer step, whatever the model size (framework, logging, optimizer)
+    reference_overhead_s: float  # more per step when the reference model runs (adapter off and on again)
     decode_overhead_s: float  # per generated token of GRPO/RLOO (one small forward each)
     startup_s: float  # loading the model, building the trainer
     process_bytes: int  # memory the process needs besides the model (interpreter, libraries; CUDA context)
 
 
-# Measured on the dev machine (2 CPU cores shared with other jobs, float32), 2026-11-24, with
-#   nice -n 10 .venv/bin/python -m flywheel.trainer.jobs.calibrate_dry_run <base> <kind> <steps>
-# in CPU seconds a step (the machine's load was 8-12, so wall-clock figures were 3-5x these):
-#   tiny sft     (batch 4 x 43 tokens, 2.2 GFLOP)   1.59 s   max RSS ~1.0 GiB
-#   smollm2 sft  (batch 4 x 43 tokens, 92.5 GFLOP)  29.0 s   max RSS 1.92 GiB
-#   tiny dpo     (4 pairs)                           3.71 s   max RSS 1.09 GiB
-#   smollm2 dpo  (4 pairs)                           40.2 s   max RSS 2.82 GiB
-#   tiny grpo    (2 prompts x 4 x 32 new tokens)     7.20 s   max RSS 0.99 GiB
-# The two SFT rows give 3.3 GFLOP per CPU second and 0.9 s of fixed cost a step; GRPO's
-# remainder after its FLOPs, over 32 generated tokens, 0.1 s a token. Wall time is taken as
-# those CPU seconds (as if the step used one core): a trainer with idle cores runs faster.
-# After importing torch, transformers and TRL a process holds ~0.5 GiB; training (datasets,
-# tokenizer, allocator slack) brings the fixed part to ~1 GiB (tiny runs: 1.0-1.1 GiB).
-CPU = Throughput(flop_rate=3.3e9, step_overhead_s=0.9, decode_overhead_s=0.1, startup_s=15.0, process_bytes=1 * GiB)
+# Measured on the dev machine (float32, one torch thread), 2026-11-24, with
+#   OMP_NUM_THREADS=1 nice -n 10 python -m flywheel.trainer.jobs.calibrate_dry_run <base> <kind> <steps>
+# in CPU seconds a step (the machine was shared, load 8-9, so wall seconds were 4-6x these; with
+# two threads, OpenMP's spin-waiting under that load inflated CPU time ~10x, so those runs were
+# discarded):
+#   tiny sft     (4 x 43 tokens, 2.2 GFLOP)          0.45 s   max RSS 0.74 GiB
+#   smollm2 sft  (4 x 43 tokens, 92.5 GFLOP)         2.45 s   max RSS 1.82 GiB (estimate 1.90)
+#   tiny dpo     (4 pairs, 8.3 GFLOP)                2.44 s   max RSS 1.09 GiB (estimate 1.30)
+#   smollm2 dpo  (4 pairs, 345 GFLOP)                8.89 s   max RSS 2.79 GiB (estimate 2.55)
+#   tiny grpo    (2 prompts x 4 x 32 new tokens)     2.34 s   max RSS 1.10 GiB (estimate 1.25)
+# The two SFT rows give 45 GFLOP/s and 0.4 s of fixed cost a step; the DPO rows 0.8-1.9 s more
+# when a reference forward runs (1.3 s taken); GRPO's remainder, over 32 generated tokens,
+# 13 ms a token; the model then gives 0.45, 2.46, 1.88, 9.37 and 2.34 s for the five rows.
+# The figures are one core's: a trainer with more idle cores runs faster.
+# The process's own memory (interpreter, torch, transformers, TRL, datasets, allocator slack)
+# came to 0.6-1.2 GiB beside the estimated parts; 1 GiB is taken.
+CPU = Throughput(
+    flop_rate=45e9,
+    step_overhead_s=0.4,
+    reference_overhead_s=1.3,
+    decode_overhead_s=0.013,
+    startup_s=15.0,
+    process_bytes=1 * GiB,
+)
 # Assumed, not measured: an H100-class GPU in bf16 at ~25% of its 989 TFLOP/s dense peak (LoRA
-# steps on small batches rarely do better), 50 ms of overhead a step, 15 ms a generated token,
+# steps on small batches rarely do better), 50 ms of overhead a step (and 50 more with a
+# reference model), 15 ms a generated token,
 # and 1 GiB for the CUDA context and the allocator's slack.
 CUDA = Throughput(
-    flop_rate=250e12, step_overhead_s=0.05, decode_overhead_s=0.015, startup_s=20.0, process_bytes=1 * GiB
+    flop_rate=250e12,
+    step_overhead_s=0.05,
+    reference_overhead_s=0.05,
+    decode_overhead_s=0.015,
+    startup_s=20.0,
+    process_bytes=1 * GiB,
 )
 
 
@@ -150,8 +169,8 @@ def estimate(
         sequences = round(spec.batch_size * per_sample)
     tokens_per_micro = sequences * mean_seq
     tokens_per_step = tokens_per_micro * spec.gradient_accumulation_steps
-    flops = _forward_passes(spec, cuda) * 2 * shape.matmul_parameters * tokens_per_step
-    seconds_per_step = figures.step_overhead_s
+    flops = (_training_passes(cuda) + _reference_passes(spec)) * 2 * shape.matmul_parameters * tokens_per_step
+    seconds_per_step = figures.step_overhead_s + _reference_passes(spec) * figures.reference_overhead_s
     if online:  # generation: one forward per new token for every sequence, plus a fixed cost each
         generated = spec.gradient_accumulation_steps * sequences * spec.max_completion_length
         flops += 2 * shape.matmul_parameters * generated
@@ -258,13 +277,17 @@ def _measure(spec: TrainSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
     return [[next(lengths) for _ in seqs] for seqs in texts]
 
 
-def _forward_passes(spec: TrainSpec, cuda: bool) -> float:
-    """Forward-pass equivalents per token: a LoRA backward ~ one forward (input gradients
-    only), activation checkpointing (CUDA) recomputes one more; DPO, KTO and a KL-regularised
-    GRPO/RLOO also run the reference model (the base, adapter off) once."""
-    train = 3.0 if cuda else 2.0
-    reference = 1.0 if spec.kind in ("dpo", "kto") or (spec.kind in ("grpo", "rloo") and spec.beta != 0) else 0.0
-    return train + reference
+def _training_passes(cuda: bool) -> float:
+    """Forward-pass equivalents per token of training: a LoRA backward ~ one forward (input
+    gradients only); activation checkpointing (on CUDA) recomputes the forward once more."""
+    return 3.0 if cuda else 2.0
+
+
+def _reference_passes(spec: TrainSpec) -> float:
+    """DPO, KTO and a KL-regularised GRPO/RLOO also run the reference model (the base,
+    adapter off) forward once."""
+    online = spec.kind in ("grpo", "rloo")
+    return 1.0 if spec.kind in ("dpo", "kto") or (online and spec.beta != 0) else 0.0
 
 
 def _memory(
