@@ -128,6 +128,8 @@ async def test_every_kind_trains_checkpoints_and_registers_with_lineage(launch, 
         base_uri = upload_tiny_base(launch.env, tmp_path / "base")
         from_s3 = spec(K.TRAINING_KIND_SFT, data["sft"], "sft-s3")
         from_s3.base_model = base_uri
+        dry = (await stub.SubmitJob(pb.SubmitJobRequest(spec=from_s3, dry_run=True))).dry_run
+        assert dry.samples == 12 and dry.estimated_memory_bytes > 0  # config and tokenizer only
         job = (await stub.SubmitJob(pb.SubmitJobRequest(spec=from_s3))).job
         done = await wait_job(stub, job.job_id, timeout_s=300)
         assert done.state == K.JOB_STATE_SUCCEEDED, done.error

@@ -10,6 +10,8 @@ from pathlib import Path
 from minio import Minio
 
 CHECKPOINTS = "checkpoints"  # object-store purpose (bucket <prefix>-checkpoints)
+# Weight files, left out where only a model's config and tokenizer are wanted (a dry run).
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -41,7 +43,7 @@ def is_complete(client: Minio, uri: str) -> bool:
     return True
 
 
-def download_prefix(client: Minio, uri: str, target: Path) -> Path:
+def download_prefix(client: Minio, uri: str, target: Path, *, skip: tuple[str, ...] = ()) -> Path:
     """Download ``s3://bucket/prefix`` into ``target`` (skipping files already there with the
     same size: a base model is fetched once per trainer). Refuses keys that climb out."""
     bucket, prefix = split_uri(uri)
@@ -49,7 +51,7 @@ def download_prefix(client: Minio, uri: str, target: Path) -> Path:
     for obj in client.list_objects(bucket, prefix=f"{prefix}/" if prefix else "", recursive=True):
         name = obj.object_name or ""
         relative = name[len(prefix) :].lstrip("/")
-        if not relative or relative == "_COMPLETE":
+        if not relative or relative == "_COMPLETE" or relative.endswith(skip):
             continue
         if ".." in Path(relative).parts or Path(relative).is_absolute():
             raise ValueError(f"{uri}: object {name!r} would be written outside the target folder")

@@ -8,9 +8,11 @@ job published twice is run once (and the runner's claim skips a job that already
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -80,7 +82,7 @@ class Submitter:
         if request.dry_run:
             from flywheel.trainer.jobs.dry_run import estimate, to_proto
 
-            dry = await asyncio.to_thread(estimate, spec, dataset.train, dataset.validation)
+            dry = await asyncio.to_thread(self._estimate, estimate, spec, dataset.train, dataset.validation)
             report = to_proto(dry)
             report.warnings.extend(w for w in [*dataset.warnings, *warnings] if w not in report.warnings)
             return pb.SubmitJobResponse(dry_run=report)
@@ -95,6 +97,24 @@ class Submitter:
         await self._queue([row])
         log.info("job submitted", job_id=job_id, kind=job.kind, steps=spec.max_steps, samples=len(dataset.train))
         return pb.SubmitJobResponse(job=message)
+
+    def _estimate(self, estimate: Any, spec: Any, train: list[Any], validation: list[Any]) -> Any:
+        """The dry run; an s3:// base contributes its config and tokenizer files only (never
+        its weights), fetched into a temporary folder."""
+        if not spec.base_model.startswith("s3://"):
+            try:
+                return estimate(spec, train, validation)
+            except FileNotFoundError as exc:
+                raise Invalid("spec.base_model", str(exc)) from None
+        from flywheel.trainer.jobs.dry_run import base_config, base_tokenizer
+
+        with tempfile.TemporaryDirectory() as folder:
+            storage.download_prefix(self._objects.client, spec.base_model, Path(folder), skip=storage.WEIGHT_FILES)
+            try:
+                tokenizer, config = base_tokenizer(folder), base_config(folder)
+            except (OSError, ValueError) as exc:
+                raise Invalid("spec.base_model", f"{spec.base_model}: no readable config/tokenizer ({exc})") from None
+            return estimate(spec, train, validation, tokenizer=tokenizer, config=config)
 
     async def _check_lineage(self, job: JobRequest) -> None:
         async with self._sessions() as session:
