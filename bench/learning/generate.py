@@ -34,15 +34,15 @@ def load(adapter_dir: str | None = None) -> Generator:
     return Generator(model.eval(), base.tokenizer, name)
 
 
-def chat_text(gen: Generator, prompt: str) -> str:
-    return gen.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
+def chat_text(gen: Generator, prompt: str | list[dict[str, str]]) -> str:
+    """A question as one user message, or a whole conversation, in the chat template."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return gen.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def generate(
     gen: Generator,
-    prompts: list[str],
+    prompts: list[str] | list[list[dict[str, str]]],
     *,
     samples: int = 1,
     temperature: float = 0.0,

@@ -34,6 +34,7 @@ class Sample:
     prompt: str
     reference: str
     completion: str
+    arm: str = "plain"  # which prompt variant produced it: "plain" or "few_shot"
     score: float = 0.0
 
 
@@ -80,7 +81,9 @@ def publish(stack: Stack, samples: list[Sample]) -> None:
     )
     try:
         for s in samples:
-            with tracer.trace("capital question", input=s.prompt, kind=SpanKind.SPAN_KIND_PROMPT) as p:
+            with tracer.trace(
+                "capital question", input=s.prompt, kind=SpanKind.SPAN_KIND_PROMPT, attributes={"arm": s.arm}
+            ) as p:
                 p.model = "smollm2-135m-instruct"
                 p.output = s.completion
                 reward(s.score, name="reward_judge:reference", tracer=tracer)

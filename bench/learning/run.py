@@ -53,11 +53,13 @@ PACKAGES = ("torch", "transformers", "trl", "peft")
 FULL = {
     "countries": None,  # all
     "held_out_fraction": 0.5,
-    "samples": 8,
+    "samples_plain": 4,  # per training prompt, from the plain question
+    "samples_few_shot": 4,  # per training prompt, from the question after `shots` worked examples
+    "shots": 3,
     "temperature": 1.0,
     "max_new_tokens": 16,
     "min_margin": 0.1,
-    "dpo_steps": 60,
+    "dpo_steps": 40,
     "dpo_batch_size": 8,
     "dpo_learning_rate": 1e-4,
     "dpo_beta": 0.1,
@@ -65,7 +67,7 @@ FULL = {
     "lora_alpha": 32,
     "max_length": 96,
 }
-QUICK = {**FULL, "countries": 40, "samples": 4, "dpo_steps": 12, "dpo_batch_size": 4}
+QUICK = {**FULL, "countries": 40, "samples_plain": 2, "samples_few_shot": 2, "dpo_steps": 12, "dpo_batch_size": 4}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="40 countries, 4 samples, 12 DPO steps")
     parser.add_argument("--seed", type=int, default=0, help="split, sampling and training seed")
     parser.add_argument("--countries", type=int, help="override: N countries drawn at random (seeded)")
-    parser.add_argument("--samples", type=int, help="override: answers sampled per training prompt")
+    parser.add_argument("--samples-plain", type=int, help="override: answers per training prompt, plain question")
+    parser.add_argument("--samples-few-shot", type=int, help="override: answers per training prompt, few-shot arm")
     parser.add_argument("--dpo-steps", type=int, help="override: DPO steps")
     parser.add_argument("--dpo-batch-size", type=int, help="override: pairs per DPO step")
     parser.add_argument("--max-new-tokens", type=int, help="override: tokens per answer (sampling and evaluation)")
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for var, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(var, value)
     p: dict[str, Any] = {**(QUICK if args.quick else FULL), "quick": args.quick, "seed": args.seed}
-    for name in ("countries", "samples", "dpo_steps", "dpo_batch_size", "max_new_tokens"):
+    for name in ("countries", "samples_plain", "samples_few_shot", "dpo_steps", "dpo_batch_size", "max_new_tokens"):
         if getattr(args, name):
             p[name] = getattr(args, name)
     command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
@@ -119,24 +122,38 @@ def main(argv: list[str] | None = None) -> int:
 
         gen = generate.load()
         t = phase("model_load", t)
+        shots = train_cases[: p["shots"]]  # worked examples for the few-shot arm: training countries only
         base_answers = [
             a[0] for a in generate.generate(gen, [c.prompt for c in held_out], max_new_tokens=p["max_new_tokens"])
         ]
+        few_shot_answers = [
+            a[0]
+            for a in generate.generate(
+                gen, [task.few_shot(c, shots) for c in held_out], max_new_tokens=p["max_new_tokens"]
+            )
+        ]
         t = phase("base_eval", t)
 
-        sampled = generate.generate(
-            gen,
-            [c.prompt for c in train_cases],
-            samples=p["samples"],
-            temperature=p["temperature"],
-            max_new_tokens=p["max_new_tokens"],
-            seed=args.seed,
-        )
-        samples = [
-            loop.Sample(c.prompt, c.reference, text)
-            for c, texts in zip(train_cases, sampled, strict=True)
-            for text in texts
-        ]
+        samples = []
+        for arm, prompts, k in (
+            ("plain", [c.prompt for c in train_cases], p["samples_plain"]),
+            ("few_shot", [task.few_shot(c, shots) for c in train_cases], p["samples_few_shot"]),
+        ):
+            sampled = generate.generate(
+                gen,
+                prompts,
+                samples=k,
+                temperature=p["temperature"],
+                max_new_tokens=p["max_new_tokens"],
+                seed=args.seed,
+            )
+            # The trace records the user's question whichever variant answered it: the pairs
+            # then teach the plain question the behaviour of the better variant.
+            samples += [
+                loop.Sample(c.prompt, c.reference, text, arm=arm)
+                for c, texts in zip(train_cases, sampled, strict=True)
+                for text in texts
+            ]
         t = phase("sampling", t)
         del gen
         gc.collect()
@@ -150,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         t = phase("dpo_train", t)
 
         if args.keep:  # the raw material, before anything that could still fail
-            raw = {"base": base_answers, "samples": [vars(s) for s in samples], "rows": rows, "export": export}
+            raw = {
+                "base": base_answers,
+                "few_shot": few_shot_answers,
+                "samples": [vars(s) for s in samples],
+                "rows": rows,
+                "export": export,
+            }
             (ROOT / "bench" / ".cache").mkdir(parents=True, exist_ok=True)
             (ROOT / "bench" / ".cache" / "learning-raw.json").write_text(json.dumps(raw))
         tuned = generate.load(train_result.adapter_dir)
@@ -177,7 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     cpu_seconds["services_and_servers"] = round(sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]), 1)
 
     result = build_result(
-        p, command, held_out, base_answers, adapter_answers, samples, rows, export, train_result, seconds
+        p,
+        command,
+        held_out,
+        {"base": base_answers, "base_few_shot": few_shot_answers, "adapter": adapter_answers},
+        samples,
+        rows,
+        export,
+        train_result,
+        seconds,
+        cpu_seconds,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
@@ -220,8 +252,7 @@ def build_result(
     p: dict[str, Any],
     command: str,
     held_out: list[task.Case],
-    base_answers: list[str],
-    adapter_answers: list[str],
+    answers: dict[str, list[str]],
     samples: list[loop.Sample],
     rows: list[dict[str, Any]],
     export: dict[str, Any],
@@ -229,6 +260,8 @@ def build_result(
     seconds: dict[str, float],
     cpu_seconds: dict[str, float],
 ) -> dict[str, Any]:
+    base_answers, adapter_answers = answers["base"], answers["adapter"]
+    few_shot_exact = [task.exact(a, c) for a, c in zip(answers["base_few_shot"], held_out, strict=True)]
     base_ok = [task.exact(a, c) for a, c in zip(base_answers, held_out, strict=True)]
     adapter_ok = [task.exact(a, c) for a, c in zip(adapter_answers, held_out, strict=True)]
     cmp = stats.paired(base_ok, adapter_ok, seed=p["seed"])
@@ -257,7 +290,19 @@ def build_result(
             "delta_ci95": [lenient.ci_low, lenient.ci_high],
             "mcnemar_p": lenient.p_value,
         },
+        # A reference point, not the peer: the base model given worked examples in the prompt.
+        "base_few_shot_exact_match": sum(few_shot_exact) / len(few_shot_exact),
+        "adapter_vs_base_few_shot": stats.paired(few_shot_exact, adapter_ok, seed=p["seed"]).__dict__,
         "samples": len(samples),
+        "samples_by_arm": {
+            arm: {
+                "n": sum(s.arm == arm for s in samples),
+                "mean_judge_score": sum(s.score for s in samples if s.arm == arm)
+                / max(1, sum(s.arm == arm for s in samples)),
+                "exact": sum(s.score == 1.0 for s in samples if s.arm == arm),
+            }
+            for arm in ("plain", "few_shot")
+        },
         "sample_mean_judge_score": sum(s.score for s in samples) / len(samples),
         "sample_exact_match": sum(s.score == 1.0 for s in samples) / len(samples),
         "prompts_with_an_exact_sample": sum(any(x == 1.0 for x in v) for v in by_prompt.values()),
@@ -276,8 +321,10 @@ def build_result(
         "cpu_seconds": cpu_seconds,
         "within_20_minutes": seconds["total"] <= 1200,
         "examples": [
-            {"country": c.country, "expected": c.reference, "base": b, "adapter": a}
-            for c, b, a in list(zip(held_out, base_answers, adapter_answers, strict=True))[:12]
+            {"country": c.country, "expected": c.reference, "base": b, "base_few_shot": f, "adapter": a}
+            for c, b, f, a in list(zip(held_out, base_answers, answers["base_few_shot"], adapter_answers, strict=True))[
+                :12
+            ]
         ],
         "goal_met": bool(cmp.ci_low > 0),
     }
@@ -331,7 +378,8 @@ def report(r: dict[str, Any]) -> str:
         "",
         "learning: SmolLM2-135M-Instruct, DPO with LoRA on its own judged traces"
         f" ({'quick' if p['quick'] else 'full'})",
-        f"  training prompts {f['train_prompts']}, {p['samples']} samples each at T={p['temperature']}: "
+        f"  training prompts {f['train_prompts']}, {p['samples_plain']} plain + {p['samples_few_shot']} few-shot "
+        f"samples each at T={p['temperature']}: "
         f"mean judge score {f['sample_mean_judge_score']:.3f}, exact {f['sample_exact_match']:.3f}, "
         f"{f['prompts_with_an_exact_sample']} prompts with an exact sample",
         f"  preference pairs exported: {f['pairs']} (min margin {p['min_margin']}); DPO {f['dpo']['steps']} steps x "
@@ -346,6 +394,8 @@ def report(r: dict[str, Any]) -> str:
         f"  lenient (city mentioned)  {f['held_out_n']:3d}   {f['lenient']['base']:.3f}   "
         f"{f['lenient']['adapter']:.3f}    {f['lenient']['delta']:+.3f}   [{llo:+.3f}, {lhi:+.3f}]    "
         f"{f['lenient']['mcnemar_p']:.3g}",
+        f"  (reference point: the base model with {p['shots']} worked examples in the prompt scores "
+        f"{f['base_few_shot_exact_match']:.3f} exact on the same held-out prompts)",
         "",
         f"  adapter_vs_base_exact_match = {ratio if ratio is None else round(ratio, 3)} (goal > 1), "
         f"delta CI low = {lo:+.3f} (goal > 0): {'met' if f['goal_met'] else 'NOT met'}",
@@ -355,7 +405,9 @@ def report(r: dict[str, Any]) -> str:
         "  examples (held out):",
     ]
     lines += [
-        f"    {e['country']} ({e['expected']}): base {e['base']!r} | adapter {e['adapter']!r}" for e in f["examples"]
+        f"    {e['country']} ({e['expected']}): base {e['base']!r} | few-shot {e['base_few_shot']!r} | "
+        f"adapter {e['adapter']!r}"
+        for e in f["examples"]
     ]
     return "\n".join(lines)
 

@@ -36,6 +36,15 @@ def cases() -> list[Case]:
     return [Case(c, QUESTION.format(country=c), a) for c, a in CAPITALS.items()]
 
 
+def few_shot(case: Case, shots: list[Case]) -> list[dict[str, str]]:
+    """The same question after worked examples (training countries answered with the city
+    alone): the second prompt variant the product samples with."""
+    messages = []
+    for shot in shots:
+        messages += [{"role": "user", "content": shot.prompt}, {"role": "assistant", "content": shot.reference}]
+    return [*messages, {"role": "user", "content": case.prompt}]
+
+
 def split(all_cases: list[Case], *, held_out_fraction: float, seed: int) -> tuple[list[Case], list[Case]]:
     """Train and held-out cases, disjoint by country, chosen by a seeded shuffle."""
     if not 0 < held_out_fraction < 1:
