@@ -1,8 +1,9 @@
 """The HTTP routes: ``POST /v1/chat/completions`` (plain and ``stream: true`` server-sent
 events), ``POST /v1/completions`` (OpenAI's legacy completions with ``echo``/``logprobs`` and
 vLLM's ``prompt_logprobs``; ``max_tokens: 0`` scores a text), ``GET /v1/models`` and
-``GET /health``; with runtime loading on, vLLM's ``POST /v1/load_lora_adapter`` (``{"lora_name", "lora_path"}``) and
-``POST /v1/unload_lora_adapter`` (``{"lora_name"}``). Errors use OpenAI's error body."""
+``GET /health``; with runtime loading on, vLLM's ``POST /v1/load_lora_adapter``
+(``{"lora_name", "lora_path"}``) and ``POST /v1/unload_lora_adapter`` (``{"lora_name"}``).
+Errors use OpenAI's error body."""
 
 from __future__ import annotations
 

@@ -6,9 +6,12 @@ where x is the outcome written as text (``render_outcome``). Both terms are sums
 log-probabilities of x's tokens only, read from a model server's ``/v1/completions`` with
 ``echo: true, logprobs: 0, max_tokens: 0`` (OpenAI's legacy shape, which the local model server
 and vLLM give): the whole text is scored, and the outcome's tokens are those at or after the
-prefix's end by ``text_offset``. The baseline is the adapter-free base model given the context
-alone (the paper's EMA teacher, τ = ``ema_decay``, is not built yet); while the reasoning policy
-is still the base model, this is exactly "the same model without the thought".
+prefix's end by ``text_offset``. (Counting the tokens of the prefix alone would be wrong: SmolLM2
+tokenises a prefix ending in a blank line with one blank-line token, which the whole text splits.)
+
+The baseline is the adapter-free base model given the context alone (the paper's EMA teacher,
+tau = ``ema_decay``, is not built yet); while the reasoning policy is still the base model,
+this is exactly "the same model without the thought".
 
 Where the provider gives no log-probabilities, ``prediction_gain`` scores the thought's stated
 numeric predictions against the observed scores (Gaussian log-likelihood with the stated or a
