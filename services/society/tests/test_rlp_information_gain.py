@@ -143,3 +143,39 @@ def test_prediction_fallback_is_a_gaussian_log_likelihood_gain() -> None:
     assert sharp.reward > vague.reward > wrong.reward
     with pytest.raises(ScoringError, match="no observed config was predicted"):
         prediction_gain({"z": 1.0}, observed)
+
+
+async def test_thought_reward_uses_logprobs_and_falls_back_naming_why() -> None:
+    from flywheel.society.rlp import ProposedConfig, RLPConfig, Thought, thought_reward
+
+    thought = Thought("a is good", [ProposedConfig({"a": 1}, 0.8, 0.05)])
+    key = thought.proposals[0].key
+    observed = {key: 0.78}
+    seen: list[dict] = []
+    good = httpx.AsyncClient(transport=httpx.MockTransport(echo_server({}, seen)))
+    config = RLPConfig(model_name="reasoner", base_model_name="base")
+    gain = await thought_reward(
+        config, context="ctx", thought=thought, observed=observed, scorer=LogprobScorer("http://m/v1", client=good)
+    )
+    assert gain.definition == "logprob_information_gain" and [b["model"] for b in seen] == ["reasoner", "base"]
+    assert render_outcome(observed) in seen[0]["prompt"]
+
+    missing = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(404, json={})))
+    fallback = await thought_reward(
+        config,
+        context="ctx",
+        thought=thought,
+        observed=observed,
+        scorer=LogprobScorer("http://m/v1", client=missing),
+        baseline_mean=0.5,
+    )
+    assert fallback.definition == "prediction_information_gain" and "404" in fallback.notes[0]
+    assert fallback.reward > 0  # 0.8 +- 0.05 explains 0.78 better than 0.5 +- 0.1
+    off = await thought_reward(
+        RLPConfig(use_logprobs=False), context="ctx", thought=thought, observed=observed, scorer=None
+    )
+    assert off.definition == "prediction_log_likelihood" and "use_logprobs is off" in off.notes[0]
+    with pytest.raises(ScoringError, match="no observed config"):
+        await thought_reward(config, context="ctx", thought=thought, observed={"other": 0.1}, scorer=None)
+    await good.aclose()
+    await missing.aclose()

@@ -16,6 +16,7 @@ from flywheel.society.rlp.information_gain import (
     prediction_gain,
     render_outcome,
 )
+from flywheel.society.rlp.reward import thought_reward
 from flywheel.society.rlp.thoughts import ParseResult, ProposedConfig, Thought, build_prompt, parse_thoughts
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "parse_thoughts",
     "prediction_gain",
     "render_outcome",
+    "thought_reward",
 ]
