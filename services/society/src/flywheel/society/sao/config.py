@@ -34,6 +34,7 @@ class SaoConfig(BaseModel):
         0.0, ge=0.0, lt=1.0, description="a judge order prefers a response only by more than this score margin"
     )
     validation_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="prompts held out for validation")
+    max_persona_tokens: int = Field(120, ge=8, le=4096)
     max_prompt_tokens: int = Field(128, ge=8, le=4096)
     max_response_tokens: int = Field(384, ge=8, le=16384)
     max_ranking_tokens: int = Field(256, ge=8, le=4096)

@@ -117,7 +117,13 @@ async def generate_personas(
 
     async def write(a: dict[str, object]) -> str:
         async with gate:
-            got = await ask(llm, persona_messages(a), temperature=0.7, max_tokens=120, timeout_s=config.llm_timeout_s)
+            got = await ask(
+                llm,
+                persona_messages(a),
+                temperature=0.7,
+                max_tokens=config.max_persona_tokens,
+                timeout_s=config.llm_timeout_s,
+            )
         return clean(got.text) if not got.failure else ""
 
     texts = await asyncio.gather(*(write(a) for a in bundles))
