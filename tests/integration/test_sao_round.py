@@ -260,12 +260,12 @@ async def test_sao_round_on_the_local_model_server(launch, judge_llm, model_serv
     finally:
         await judge.close()
     s = result.stats
-    assert s.personas == 2 and s.prompts_generated + s.dropped.get("llm_empty", 0) == 2
+    assert s.personas == 2 and s.prompts_generated + s.dropped.get("prompt_llm_empty", 0) == 2
     # Every prompt is kept or dropped with a reason; a garbage ranking is a counted drop.
-    assert s.kept + s.dropped_total == 2, s.to_dict()
+    assert s.kept + s.dropped_total == s.attempted == 2, s.to_dict()
     assert set(s.dropped) <= {
-        "llm_empty", "duplicate_prompt", "identical_responses", "too_short", "unparsable_ranking",
-        "ranking_llm_empty", "judge_tie", "judge_order_disagreement", "self_judge_disagreement",
+        "prompt_llm_empty", "response_llm_empty", "duplicate_prompt", "identical_responses", "too_short",
+        "unparsable_ranking", "ranking_llm_empty", "judge_tie", "judge_order_disagreement", "self_judge_disagreement",
     }, s.dropped  # fmt: skip
     assert s.self_ranked <= s.pairs_generated <= 2
     for r in result.records:

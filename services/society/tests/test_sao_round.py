@@ -4,6 +4,7 @@ only pairs both judge orders (and the model) agree on are kept, and rounds itera
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -53,7 +54,7 @@ async def test_a_round_keeps_agreed_pairs_and_counts_every_drop():
         "judge_tie": 1,
         "self_judge_disagreement": 1,  # the model ranked the bad response first
     }
-    assert s.kept == 4 and s.kept + s.dropped_total == s.prompts_generated
+    assert s.kept == 4 and s.kept + s.dropped_total == s.attempted == s.prompts_generated == 12
     assert s.pairs_generated == 11 and s.self_ranked == 7 and s.judged == 7
     assert s.judge_order_agreement_rate == pytest.approx(5 / 7)
     assert s.self_judge_agreement_rate == pytest.approx(4 / 5)
@@ -135,3 +136,25 @@ def test_config_names_and_bad_values():
         SaoConfig(similarity_threshold=1.5)
     with pytest.raises(ValueError, match="n_persona"):
         SaoConfig(n_persona=3)  # a typo is refused, naming the field
+
+
+YOUNG = re.compile(r"\b(17|21)-year-old")
+
+
+async def test_prompt_and_response_failures_are_counted_by_step():
+    class Flaky(FakeLlm):
+        async def complete(self, messages, *, temperature, max_tokens):
+            text = messages[-1]["content"]
+            if text.startswith("Persona:") and YOUNG.search(text):
+                raise TimeoutError
+            if text == PROMPTS[10]:
+                return ""
+            return await super().complete(messages, temperature=temperature, max_tokens=max_tokens)
+
+    result = await run_round(config(n_personas=40), llm=Flaky([PROMPTS[10], *PROMPTS[:1]]), judge=FakeJudge())
+    s = result.stats
+    young = sum(bool(YOUNG.search(p.description)) for p in result.personas)
+    assert young > 0 and s.dropped["prompt_llm_timeout"] == young
+    assert s.dropped["response_llm_empty"] == 1 and s.kept == 1
+    assert s.kept + s.dropped_total == s.attempted == 40
+    assert s.to_dict()["dropped_fraction"]["prompt_llm_timeout"] == pytest.approx(young / 40)

@@ -5,7 +5,8 @@ prompts -> two responses each -> length and near-identical filters -> the model'
 ranking -> the reward judge in both orders -> records. Every pair that does not make it is
 counted under one reason, so the stats say what each filter and each kind of failure cost.
 
-Drop reasons: ``llm_timeout``, ``llm_error``, ``llm_empty`` (prompt or response step),
+Drop reasons: ``prompt_llm_timeout``/``prompt_llm_error``/``prompt_llm_empty`` (writing the
+prompt), ``response_llm_timeout``/``response_llm_error``/``response_llm_empty``,
 ``duplicate_prompt`` (near-duplicate of a prompt in this round or the existing dataset),
 ``too_short``, ``identical_responses``, ``ranking_llm_timeout``/``ranking_llm_error``/
 ``ranking_llm_empty``, ``unparsable_ranking``, ``judge_unavailable``, ``judge_tie``,
@@ -36,7 +37,7 @@ class RoundStats:
     """What a round made and what it dropped, and why."""
 
     iteration: int
-    personas: int = 0
+    personas: int = 0  # prompts asked for: one per persona (plus ``trace_prompts``)
     personas_from_model: int = 0  # the rest fell back to their attribute sentence
     prompts_generated: int = 0  # prompts written (persona prompts that came back + trace prompts)
     trace_prompts: int = 0
@@ -54,16 +55,27 @@ class RoundStats:
     seconds: float = 0.0
 
     @property
+    def attempted(self) -> int:
+        """Everything that entered the round: persona prompts asked for and trace prompts.
+        ``kept + dropped_total == attempted``."""
+        return self.personas + self.trace_prompts
+
+    @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
     def dropped_fraction(self, reason: str) -> float:
-        """Of the pairs that reached a step, the share dropped for ``reason``."""
-        total = self.prompts_generated
-        return self.dropped.get(reason, 0) / total if total else 0.0
+        """The share of :attr:`attempted` dropped for ``reason``."""
+        return self.dropped.get(reason, 0) / self.attempted if self.attempted else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "dropped_total": self.dropped_total}
+        fractions = {k: self.dropped_fraction(k) for k in self.dropped}
+        return {
+            **asdict(self),
+            "attempted": self.attempted,
+            "dropped_total": self.dropped_total,
+            "dropped_fraction": fractions,
+        }
 
 
 @dataclass
@@ -120,7 +132,7 @@ async def run_round(
     written: list[_Item] = []
     for persona, got in zip(personas, answers, strict=True):
         if got.failure:
-            dropped[got.failure] += 1
+            dropped[f"prompt_{got.failure}"] += 1
         else:
             written.append(_Item(got.text, persona.description))
     written += [_Item(p.strip(), "") for p in trace_prompts if p.strip()]
@@ -153,7 +165,7 @@ async def run_round(
         )
         for got in (a, b):
             if got.failure:
-                return got.failure
+                return f"response_{got.failure}"
         item.a, item.b = a.text, b.text
         return item
 
