@@ -1,18 +1,21 @@
 """Does the loop learn? SmolLM2-135M-Instruct before and after DPO on its own judged traces.
 
-    python bench/learning/run.py           # full: 195 countries, half held out, 8 samples each (~20 min, 2 cores)
-    python bench/learning/run.py --quick   # 40 countries, 4 samples, 12 DPO steps (a few minutes)
+    python bench/learning/run.py           # full: 195 countries, half held out, 4 + 4 samples, 40 DPO steps
+    python bench/learning/run.py --quick   # 40 countries, 2 + 2 samples, 12 DPO steps of 4 pairs
 
 1. Split the countries into training and held-out prompts (seeded) before anything else.
-2. Greedy answers of the base model on the held-out prompts (the peer).
-3. ``samples`` answers per training prompt from the base model at ``temperature``; each is
-   scored by the reward judge service (reference judge) and published through the SDK as a
-   trace with that reward; the trace store exports the preference pairs (best vs worst answer
-   of each prompt, then second best vs second worst, ...).
+2. Greedy answers of the base model on the held-out prompts (the peer), and, as a reference
+   point, of the base model given ``shots`` worked examples (training countries) first.
+3. Answers per training prompt from the base model at ``temperature``: ``samples_plain`` to
+   the plain question and ``samples_few_shot`` after the worked examples (two prompt variants
+   of the product; the trace records the user's question either way). Each is scored by the
+   reward judge service (reference judge) and published through the SDK as a trace with that
+   reward; the trace store exports the preference pairs (best vs worst answer of each prompt,
+   then second best vs second worst, ...).
 4. DPO with LoRA on those pairs through the trainer's training library
    (``flywheel.trainer.training.run.train``, base ``smollm2``).
-5. Greedy answers of the adapter on the held-out prompts; exact match (the city alone) of both,
-   the paired difference with a bootstrap 95% interval and McNemar's exact test.
+5. Greedy answers of the adapter to the plain held-out questions; exact match (the city alone)
+   of both, the paired difference with a bootstrap 95% interval and McNemar's exact test.
 
 Writes ``bench/results/learning.json``, prints a table, then that JSON as the last line.
 """
@@ -72,7 +75,7 @@ QUICK = {**FULL, "countries": 40, "samples_plain": 2, "samples_few_shot": 2, "dp
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 countries, 4 samples, 12 DPO steps")
+    parser.add_argument("--quick", action="store_true", help="40 countries, 2 + 2 samples, 12 DPO steps of 4 pairs")
     parser.add_argument("--seed", type=int, default=0, help="split, sampling and training seed")
     parser.add_argument("--countries", type=int, help="override: N countries drawn at random (seeded)")
     parser.add_argument("--samples-plain", type=int, help="override: answers per training prompt, plain question")
