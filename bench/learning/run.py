@@ -1,7 +1,7 @@
 """Does the loop learn? SmolLM2-135M-Instruct before and after DPO on its own judged traces.
 
     python bench/learning/run.py           # full: 195 countries, half held out, 4 + 4 samples, 40 DPO steps
-    python bench/learning/run.py --quick   # 40 countries, 2 + 2 samples, 12 DPO steps of 4 pairs
+    python bench/learning/run.py --quick   # 40 countries, 2 + 2 samples, 12 DPO steps of 4 pairs (~2 min)
 
 1. Split the countries into training and held-out prompts (seeded) before anything else.
 2. Greedy answers of the base model on the held-out prompts (the peer), and, as a reference
