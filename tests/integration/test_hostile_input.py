@@ -620,11 +620,29 @@ M = {
     ]
 }
 # The trainer's job methods are not implemented yet: they must answer UNIMPLEMENTED, cleanly.
+# The trainer's job methods: (request, the code it must get, a word its message must name).
+_NAN = jobs_pb2.TrainingJobSpec(kind=jobs_pb2.TRAINING_KIND_DPO, base_model="tiny", dataset_uri="s3://b/d/m.json")
+_NAN.hyperparameters.update({"learning_rate": float("nan")})
 TRAINER_REQUESTS = {
-    "SubmitJob": trainer_pb.SubmitJobRequest(spec=jobs_pb2.TrainingJobSpec(kind=jobs_pb2.TRAINING_KIND_SFT)),
-    "GetJob": trainer_pb.GetJobRequest(job_id="j1"),
-    "ListJobs": trainer_pb.ListJobsRequest(),
-    "CancelJob": trainer_pb.CancelJobRequest(job_id="j1"),
+    "SubmitJob": (
+        trainer_pb.SubmitJobRequest(spec=jobs_pb2.TrainingJobSpec(kind=jobs_pb2.TRAINING_KIND_SFT)),
+        "INVALID",
+        "spec.base_model",
+    ),
+    "SubmitJob-nan": (trainer_pb.SubmitJobRequest(spec=_NAN), "INVALID", "learning_rate"),
+    "SubmitJob-path": (
+        trainer_pb.SubmitJobRequest(
+            spec=jobs_pb2.TrainingJobSpec(kind=jobs_pb2.TRAINING_KIND_SFT, base_model="../../etc", dataset_uri="x")
+        ),
+        "INVALID",
+        "spec.base_model",
+    ),
+    "GetJob": (trainer_pb.GetJobRequest(job_id="j1"), "NOT_FOUND", "j1"),
+    "GetJob-nul": (trainer_pb.GetJobRequest(job_id="j\x001"), "INVALID", "job_id"),
+    "GetJob-huge": (trainer_pb.GetJobRequest(job_id="j" * 1_000_000), "INVALID", "job_id"),
+    "ListJobs": (trainer_pb.ListJobsRequest(), "OK", ""),
+    "ListJobs-limit": (trainer_pb.ListJobsRequest(limit=-1), "INVALID", "limit"),
+    "CancelJob": (trainer_pb.CancelJobRequest(job_id="j1"), "NOT_FOUND", "j1"),
 }
 
 # ---------------------------------------------------------------------------------------
@@ -1305,12 +1323,15 @@ TRAINER_CASES = [(name, kind) for name in TRAINER_REQUESTS for kind in ("valid",
 
 
 @pytest.mark.parametrize(("name", "kind"), TRAINER_CASES, ids=[f"{n}-{k}" for n, k in TRAINER_CASES])
-async def test_trainer_job_methods_are_cleanly_unimplemented(ctx: Ctx, name: str, kind: str) -> None:
-    payload = TRAINER_REQUESTS[name].SerializeToString() if kind == "valid" else TRUNCATED
-    outcome = await call_raw(ctx.channels["trainer"], TRAINER + name, payload)
+async def test_trainer_job_methods_refuse_hostile_requests_cleanly(ctx: Ctx, name: str, kind: str) -> None:
+    request, code, word = TRAINER_REQUESTS[name]
+    payload = request.SerializeToString() if kind == "valid" else TRUNCATED
+    outcome = await call_raw(ctx.channels["trainer"], TRAINER + name.split("-")[0], payload)
     # Undecodable bytes are refused at the door, before the method (as for every servicer).
-    expected = UNIMPL if kind == "valid" else INVALID
-    assert outcome.code == expected, f"{outcome.code.name}: {outcome.details!r}"
+    expected = getattr(S, {"INVALID": "INVALID_ARGUMENT"}.get(code, code)) if kind == "valid" else INVALID
+    assert outcome.code == expected, f"{outcome.code.name}: {outcome.details[:300]!r}"
+    if kind == "valid" and word:
+        assert word in outcome.details, outcome.details[:300]
     assert not leaks(outcome.details), outcome.details
     assert await all_serving(ctx) == dict.fromkeys(ctx.channels, "SERVING")
 
