@@ -35,7 +35,7 @@ MESSAGE_TYPES: dict[str, tuple[str, str]] = {
     "evaluation_result": ("<run_id>", "flywheel.api.evaluator.v1.EvaluationResult"),
     "run_progress": ("<run_id>", "flywheel.api.optimizer.v1.RunProgressEvent"),
     "society_proposal": ("<run_id>", "flywheel.api.society.v1.ProposalEvent"),
-    "society_dataset": ("<dataset>", "flywheel.api.society.v1.DatasetUpdateEvent"),
+    "society_dataset": ("<dataset_id>", "flywheel.api.society.v1.SaoDatasetEvent"),
     "training_job": ("<kind>", "flywheel.api.trainer.v1.TrainingJobEvent"),
     "training_progress": ("<job_id>", "flywheel.api.trainer.v1.TrainingProgressEvent"),
     "policy_changed": ("<policy>", "flywheel.api.trainer.v1.PolicyChangedEvent"),

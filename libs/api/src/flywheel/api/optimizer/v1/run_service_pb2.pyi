@@ -270,3 +270,92 @@ class GetRunArtifactResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunArtifactResponse: _TypeAlias = GetRunArtifactResponse  # noqa: Y015
+
+@_typing.final
+class ListRunCandidatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MIN_GENERATION_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    min_generation: _builtins.int
+    """Only candidates of generations at or after this one (0: all)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        min_generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_generation", b"min_generation", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunCandidatesRequest: _TypeAlias = ListRunCandidatesRequest  # noqa: Y015
+
+@_typing.final
+class RunCandidate(_message.Message):
+    """One config the run evaluated (or is evaluating)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANDIDATE_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    MEAN_SCORE_FIELD_NUMBER: _builtins.int
+    CASES_EVALUATED_FIELD_NUMBER: _builtins.int
+    CASES_FAILED_FIELD_NUMBER: _builtins.int
+    candidate_id: _builtins.str
+    generation: _builtins.int
+    origin: _builtins.str
+    """Who proposed it: "search", "rlp", "injected"..."""
+    mean_score: _builtins.float
+    """Mean score over the test cases evaluated so far (a failed evaluation scores 0)."""
+    cases_evaluated: _builtins.int
+    cases_failed: _builtins.int
+    @_builtins.property
+    def config(self) -> _struct_pb2.Struct: ...
+    def __init__(
+        self,
+        *,
+        candidate_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        config: _struct_pb2.Struct | None = ...,
+        origin: _builtins.str = ...,
+        mean_score: _builtins.float = ...,
+        cases_evaluated: _builtins.int = ...,
+        cases_failed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "cases_evaluated", b"cases_evaluated", "cases_failed", b"cases_failed", "config", b"config", "generation", b"generation", "mean_score", b"mean_score", "origin", b"origin"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunCandidate: _TypeAlias = RunCandidate  # noqa: Y015
+
+@_typing.final
+class ListRunCandidatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANDIDATES_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """The run's generation now (candidates of earlier generations are complete or raced out)."""
+    @_builtins.property
+    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunCandidate]: ...
+    def __init__(
+        self,
+        *,
+        candidates: _abc.Iterable[Global___RunCandidate] | None = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "generation", b"generation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunCandidatesResponse: _TypeAlias = ListRunCandidatesResponse  # noqa: Y015

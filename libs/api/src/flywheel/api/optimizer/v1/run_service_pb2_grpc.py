@@ -65,6 +65,11 @@ class RunServiceStub:
                 request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactRequest.SerializeToString,
                 response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactResponse.FromString,
                 _registered_method=True)
+        self.ListRunCandidates = channel.unary_unary(
+                '/flywheel.api.optimizer.v1.RunService/ListRunCandidates',
+                request_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunCandidatesRequest.SerializeToString,
+                response_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunCandidatesResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -111,6 +116,13 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRunCandidates(self, request, context):
+        """The run's candidates so far with their mean scores (its history, read by the society).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +155,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.GetRunArtifact,
                     request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactRequest.FromString,
                     response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactResponse.SerializeToString,
+            ),
+            'ListRunCandidates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRunCandidates,
+                    request_deserializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunCandidatesRequest.FromString,
+                    response_serializer=flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunCandidatesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +325,33 @@ class RunService:
             '/flywheel.api.optimizer.v1.RunService/GetRunArtifact',
             flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactRequest.SerializeToString,
             flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.GetRunArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRunCandidates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.api.optimizer.v1.RunService/ListRunCandidates',
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunCandidatesRequest.SerializeToString,
+            flywheel_dot_api_dot_optimizer_dot_v1_dot_run__service__pb2.ListRunCandidatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

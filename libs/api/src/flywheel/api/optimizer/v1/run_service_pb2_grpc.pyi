@@ -44,6 +44,8 @@ class RunServiceStub:
     """The content of one result file of a run: best_config.json, detailed_results.json,
     report.md or report.html.
     """
+    ListRunCandidates: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ListRunCandidatesRequest, _run_service_pb2.ListRunCandidatesResponse]
+    """The run's candidates so far with their mean scores (its history, read by the society)."""
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -61,6 +63,8 @@ class RunServiceAsyncStub(RunServiceStub):
     """The content of one result file of a run: best_config.json, detailed_results.json,
     report.md or report.html.
     """
+    ListRunCandidates: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ListRunCandidatesRequest, _run_service_pb2.ListRunCandidatesResponse]  # type: ignore[assignment]
+    """The run's candidates so far with their mean scores (its history, read by the society)."""
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     """Batch optimization runs."""
@@ -111,5 +115,13 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         """The content of one result file of a run: best_config.json, detailed_results.json,
         report.md or report.html.
         """
+
+    @_abc_1.abstractmethod
+    def ListRunCandidates(
+        self,
+        request: _run_service_pb2.ListRunCandidatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.ListRunCandidatesResponse, _abc.Awaitable[_run_service_pb2.ListRunCandidatesResponse]]:
+        """The run's candidates so far with their mean scores (its history, read by the society)."""
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

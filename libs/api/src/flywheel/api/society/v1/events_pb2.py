@@ -26,19 +26,17 @@ from flywheel.api.common.v1 import common_pb2 as flywheel_dot_api_dot_common_dot
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$flywheel/api/society/v1/events.proto\x12\x17\x66lywheel.api.society.v1\x1a#flywheel/api/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xe8\x01\n\rProposalEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\'\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x37\n\x06source\x18\x04 \x01(\x0e\x32\'.flywheel.api.society.v1.ProposalSource\x12\x11\n\trationale\x18\x05 \x01(\t\x12!\n\x19\x65xpected_information_gain\x18\x06 \x01(\x01\"f\n\x0ePreferencePair\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x0e\n\x06\x63hosen\x18\x02 \x01(\t\x12\x10\n\x08rejected\x18\x03 \x01(\t\x12\x0f\n\x07persona\x18\x04 \x01(\t\x12\x11\n\tagreement\x18\x05 \x01(\x01\"\x8e\x01\n\x12\x44\x61tasetUpdateEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x36\n\x05pairs\x18\x03 \x03(\x0b\x32\'.flywheel.api.society.v1.PreferencePair*\x81\x01\n\x0eProposalSource\x12\x1f\n\x1bPROPOSAL_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13PROPOSAL_SOURCE_RLP\x10\x01\x12\x17\n\x13PROPOSAL_SOURCE_SAO\x10\x02\x12\x1c\n\x18PROPOSAL_SOURCE_EXTERNAL\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$flywheel/api/society/v1/events.proto\x12\x17\x66lywheel.api.society.v1\x1a#flywheel/api/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xe8\x01\n\rProposalEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\'\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x37\n\x06source\x18\x04 \x01(\x0e\x32\'.flywheel.api.society.v1.ProposalSource\x12\x11\n\trationale\x18\x05 \x01(\t\x12!\n\x19\x65xpected_information_gain\x18\x06 \x01(\x01\"\xca\x01\n\x0fSaoDatasetEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x14\n\x0cmanifest_uri\x18\x03 \x01(\t\x12\x12\n\ntrain_rows\x18\x04 \x01(\x03\x12\x17\n\x0fvalidation_rows\x18\x05 \x01(\x03\x12\x16\n\x0eunique_prompts\x18\x06 \x01(\x03\x12\x17\n\x0ftraining_job_id\x18\x07 \x01(\t*\x81\x01\n\x0eProposalSource\x12\x1f\n\x1bPROPOSAL_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13PROPOSAL_SOURCE_RLP\x10\x01\x12\x17\n\x13PROPOSAL_SOURCE_SAO\x10\x02\x12\x1c\n\x18PROPOSAL_SOURCE_EXTERNAL\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.api.society.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROPOSALSOURCE']._serialized_start=617
-  _globals['_PROPOSALSOURCE']._serialized_end=746
+  _globals['_PROPOSALSOURCE']._serialized_start=573
+  _globals['_PROPOSALSOURCE']._serialized_end=702
   _globals['_PROPOSALEVENT']._serialized_start=133
   _globals['_PROPOSALEVENT']._serialized_end=365
-  _globals['_PREFERENCEPAIR']._serialized_start=367
-  _globals['_PREFERENCEPAIR']._serialized_end=469
-  _globals['_DATASETUPDATEEVENT']._serialized_start=472
-  _globals['_DATASETUPDATEEVENT']._serialized_end=614
+  _globals['_SAODATASETEVENT']._serialized_start=368
+  _globals['_SAODATASETEVENT']._serialized_end=570
 # @@protoc_insertion_point(module_scope)

@@ -3,12 +3,10 @@
 isort:skip_file
 """
 
-from collections import abc as _abc
 from flywheel.api.common.v1 import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
-from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -86,64 +84,45 @@ class ProposalEvent(_message.Message):
 Global___ProposalEvent: _TypeAlias = ProposalEvent  # noqa: Y015
 
 @_typing.final
-class PreferencePair(_message.Message):
-    """A synthetic preference pair produced by SAO."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    PROMPT_FIELD_NUMBER: _builtins.int
-    CHOSEN_FIELD_NUMBER: _builtins.int
-    REJECTED_FIELD_NUMBER: _builtins.int
-    PERSONA_FIELD_NUMBER: _builtins.int
-    AGREEMENT_FIELD_NUMBER: _builtins.int
-    prompt: _builtins.str
-    chosen: _builtins.str
-    rejected: _builtins.str
-    persona: _builtins.str
-    agreement: _builtins.float
-    """Judge agreement across both orders in [0, 1]."""
-    def __init__(
-        self,
-        *,
-        prompt: _builtins.str = ...,
-        chosen: _builtins.str = ...,
-        rejected: _builtins.str = ...,
-        persona: _builtins.str = ...,
-        agreement: _builtins.float = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agreement", b"agreement", "chosen", b"chosen", "persona", b"persona", "prompt", b"prompt", "rejected", b"rejected"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PreferencePair: _TypeAlias = PreferencePair  # noqa: Y015
-
-@_typing.final
-class DatasetUpdateEvent(_message.Message):
-    """Published on flywheel.society.dataset.<dataset>: pairs to add to a dataset."""
+class SaoDatasetEvent(_message.Message):
+    """Published on flywheel.society.dataset.<dataset_id> when an SAO dataset is registered
+    (a round's pairs written to S3 in the trace store's export format, or an import).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     META_FIELD_NUMBER: _builtins.int
-    DATASET_FIELD_NUMBER: _builtins.int
-    PAIRS_FIELD_NUMBER: _builtins.int
-    dataset: _builtins.str
+    DATASET_ID_FIELD_NUMBER: _builtins.int
+    MANIFEST_URI_FIELD_NUMBER: _builtins.int
+    TRAIN_ROWS_FIELD_NUMBER: _builtins.int
+    VALIDATION_ROWS_FIELD_NUMBER: _builtins.int
+    UNIQUE_PROMPTS_FIELD_NUMBER: _builtins.int
+    TRAINING_JOB_ID_FIELD_NUMBER: _builtins.int
+    dataset_id: _builtins.str
+    manifest_uri: _builtins.str
+    """s3://.../manifest.json: a trainer job's dataset_uri."""
+    train_rows: _builtins.int
+    validation_rows: _builtins.int
+    unique_prompts: _builtins.int
+    training_job_id: _builtins.str
+    """The preference job submitted because the dataset reached the size threshold ("" if none)."""
     @_builtins.property
     def meta(self) -> _common_pb2.EventMeta: ...
-    @_builtins.property
-    def pairs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreferencePair]: ...
     def __init__(
         self,
         *,
         meta: _common_pb2.EventMeta | None = ...,
-        dataset: _builtins.str = ...,
-        pairs: _abc.Iterable[Global___PreferencePair] | None = ...,
+        dataset_id: _builtins.str = ...,
+        manifest_uri: _builtins.str = ...,
+        train_rows: _builtins.int = ...,
+        validation_rows: _builtins.int = ...,
+        unique_prompts: _builtins.int = ...,
+        training_job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "meta", b"meta", "pairs", b"pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "manifest_uri", b"manifest_uri", "meta", b"meta", "train_rows", b"train_rows", "training_job_id", b"training_job_id", "unique_prompts", b"unique_prompts", "validation_rows", b"validation_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___DatasetUpdateEvent: _TypeAlias = DatasetUpdateEvent  # noqa: Y015
+Global___SaoDatasetEvent: _TypeAlias = SaoDatasetEvent  # noqa: Y015

@@ -216,6 +216,7 @@ class RewardSource(_message.Message):
     REWARD_POLICY_ID_FIELD_NUMBER: _builtins.int
     JUDGE_FIELD_NUMBER: _builtins.int
     VERIFIABLE_FIELD_NUMBER: _builtins.int
+    INFORMATION_GAIN_FIELD_NUMBER: _builtins.int
     weight: _builtins.float
     reward_policy_id: _builtins.str
     """A registered reward-model version (kind REWARD_MODEL) scoring prompt + completion."""
@@ -225,6 +226,8 @@ class RewardSource(_message.Message):
 
     @_builtins.property
     def verifiable(self) -> Global___VerifiableReward: ...
+    @_builtins.property
+    def information_gain(self) -> Global___InformationGainReward: ...
     def __init__(
         self,
         *,
@@ -232,16 +235,42 @@ class RewardSource(_message.Message):
         reward_policy_id: _builtins.str = ...,
         judge: Global___JudgeReward | None = ...,
         verifiable: Global___VerifiableReward | None = ...,
+        information_gain: Global___InformationGainReward | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["judge", b"judge", "reward_policy_id", b"reward_policy_id", "source", b"source", "verifiable", b"verifiable"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["information_gain", b"information_gain", "judge", b"judge", "reward_policy_id", b"reward_policy_id", "source", b"source", "verifiable", b"verifiable"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["judge", b"judge", "reward_policy_id", b"reward_policy_id", "source", b"source", "verifiable", b"verifiable", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["information_gain", b"information_gain", "judge", b"judge", "reward_policy_id", b"reward_policy_id", "source", b"source", "verifiable", b"verifiable", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["reward_policy_id", "judge", "verifiable"]  # noqa: Y015
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["reward_policy_id", "judge", "verifiable", "information_gain"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
 
 Global___RewardSource: _TypeAlias = RewardSource  # noqa: Y015
+
+@_typing.final
+class InformationGainReward(_message.Message):
+    """RLP's reward (arXiv 2510.01265): for a completion (a thought) of a prompt (a context), the
+    log-likelihood of the observed outcome given context and thought minus its log-likelihood
+    given the context alone, both under the adapter-free base model (the no-think baseline).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_COLUMN_FIELD_NUMBER: _builtins.int
+    outcome_column: _builtins.str
+    """Dataset column holding the observed outcome text; empty means "outcome"."""
+    def __init__(
+        self,
+        *,
+        outcome_column: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome_column", b"outcome_column"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InformationGainReward: _TypeAlias = InformationGainReward  # noqa: Y015
 
 @_typing.final
 class JudgeReward(_message.Message):
