@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.api.subjects import NAMESPACE
-from flywheel.api.tls import is_loopback, target_host
+from flywheel.api.tls import ClientTls, is_loopback, target_host
 
 
 class NatsSettings(BaseSettings):
@@ -200,6 +200,51 @@ def client_link_problem(
         f"no TLS (the token would cross the network in plaintext): set {env['tls']}, or "
         f"{env['allow_insecure']}=true to send it anyway"
     )
+
+
+class ClientLinks(BaseSettings):
+    """Mixin for settings that call other services over gRPC. For each name in ``LINKS`` the
+    class declares ``<link>_address``, ``<link>_auth_token``, ``<link>_allow_insecure`` and
+    ``<link>_tls``/``_tls_ca_file``/``_tls_cert_file``/``_tls_key_file``/``_tls_server_name``
+    (so each keeps its service's env names); this gives their TLS and token and checks them
+    at start (a token never crosses the network in plaintext, cert and key come together)."""
+
+    LINKS: ClassVar[tuple[str, ...]] = ()
+    LINK_NAMES: ClassVar[dict[str, str]] = {"judge": "reward judge"}
+
+    def link_tls(self, link: str) -> ClientTls | None:
+        """TLS for one link, or None for plaintext."""
+        files = {k: getattr(self, f"{link}_tls_{k}") for k in ("ca_file", "cert_file", "key_file", "server_name")}
+        if not (getattr(self, f"{link}_tls") or any(files.values())):
+            return None
+        return ClientTls.from_files(**files)
+
+    def link_token(self, link: str) -> str | None:
+        token = getattr(self, f"{link}_auth_token")
+        return token.get_secret_value() if token is not None else None
+
+    @model_validator(mode="after")
+    def _check_links(self):  # type: ignore[no-untyped-def]
+        var = type(self).env_var  # type: ignore[attr-defined]
+        for link in self.LINKS:
+            if (getattr(self, f"{link}_tls_cert_file") is None) != (getattr(self, f"{link}_tls_key_file") is None):
+                cert, key = var(f"{link}_tls_cert_file"), var(f"{link}_tls_key_file")
+                raise ValueError(f"set both {cert} and {key}, or neither")
+            problem = client_link_problem(
+                name=self.LINK_NAMES.get(link, link),
+                address=getattr(self, f"{link}_address"),
+                token=getattr(self, f"{link}_auth_token") is not None,
+                tls=self.link_tls(link) is not None,
+                allow_insecure=getattr(self, f"{link}_allow_insecure"),
+                env={
+                    "address": var(f"{link}_address"),
+                    "tls": var(f"{link}_tls"),
+                    "allow_insecure": var(f"{link}_allow_insecure"),
+                },
+            )
+            if problem:
+                raise ValueError(problem)
+        return self
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -5,24 +5,23 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic import Field, FilePath, SecretStr, model_validator
+from pydantic import Field, FilePath, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.api.tls import ClientTls
 from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.settings import (
+    ClientLinks,
     DatabaseSettings,
     NatsSettings,
     S3Settings,
     ServiceSettings,
-    client_link_problem,
 )
 
-LINKS = ("judge", "optimizer")
 
-
-class TrainerSettings(ServiceSettings):
+class TrainerSettings(ClientLinks, ServiceSettings):
+    LINKS: ClassVar[tuple[str, ...]] = ("judge", "optimizer")
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_TRAINER_", extra="ignore")
 
     grpc_port: int = Field(50056, ge=0, le=65535)
@@ -103,37 +102,3 @@ class TrainerSettings(ServiceSettings):
     @property
     def worker(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-
-    def link_tls(self, link: str) -> ClientTls | None:
-        """TLS for the ``judge`` or ``optimizer`` link, or None for plaintext."""
-        files = {k: getattr(self, f"{link}_tls_{k}") for k in ("ca_file", "cert_file", "key_file", "server_name")}
-        if not (getattr(self, f"{link}_tls") or any(files.values())):
-            return None
-        return ClientTls.from_files(**files)
-
-    def link_token(self, link: str) -> str | None:
-        token = getattr(self, f"{link}_auth_token")
-        return token.get_secret_value() if token is not None else None
-
-    @model_validator(mode="after")
-    def _links(self) -> TrainerSettings:
-        var = type(self).env_var
-        for link in LINKS:
-            if (getattr(self, f"{link}_tls_cert_file") is None) != (getattr(self, f"{link}_tls_key_file") is None):
-                cert, key = var(f"{link}_tls_cert_file"), var(f"{link}_tls_key_file")
-                raise ValueError(f"set both {cert} and {key}, or neither")
-            problem = client_link_problem(
-                name=link.replace("judge", "reward judge"),
-                address=getattr(self, f"{link}_address"),
-                token=getattr(self, f"{link}_auth_token") is not None,
-                tls=self.link_tls(link) is not None,
-                allow_insecure=getattr(self, f"{link}_allow_insecure"),
-                env={
-                    "address": var(f"{link}_address"),
-                    "tls": var(f"{link}_tls"),
-                    "allow_insecure": var(f"{link}_allow_insecure"),
-                },
-            )
-            if problem:
-                raise ValueError(problem)
-        return self
