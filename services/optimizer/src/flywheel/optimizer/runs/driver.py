@@ -26,10 +26,12 @@ import json
 import time
 from typing import Any
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from flywheel.api.optimizer.v1 import runs_pb2
+from flywheel.api.common.v1.common_pb2 import EventMeta
+from flywheel.api.optimizer.v1 import events_pb2, runs_pb2
 from flywheel.api.subjects import Catalogue
 from flywheel.core.bus.publisher import Publisher
 from flywheel.core.logging import get_logger
@@ -349,12 +351,15 @@ class RunDriver:
         return prior
 
     async def _publish_progress(self, progress: runs_pb2.RunProgress) -> None:
+        # A RunProgressEvent, as the catalogue documents (the society's consumer decodes that).
+        event_id = f"{progress.run_id}.{progress.state}.{progress.generation}.{progress.evaluations_done}"
+        now = Timestamp()
+        now.GetCurrentTime()
+        event = events_pb2.RunProgressEvent(
+            meta=EventMeta(event_id=event_id, time=now, source="optimizer"), progress=progress
+        )
         try:
-            await self._publisher.publish(
-                self._catalogue.run_progress(progress.run_id),
-                progress,
-                msg_id=f"{progress.run_id}.{progress.state}.{progress.generation}.{progress.evaluations_done}",
-            )
+            await self._publisher.publish(self._catalogue.run_progress(progress.run_id), event, msg_id=event_id)
         except Exception as exc:  # noqa: BLE001 - progress is informational; the run row is the truth
             log.warning("run progress not published", run_id=progress.run_id, error=repr(exc))
 
