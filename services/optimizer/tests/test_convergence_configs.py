@@ -121,10 +121,25 @@ def test_population_one_evolution_and_rate_limits():
     assert parse_run_config(two).optimization.search_settings().elite_size == 1
 
 
-def test_an_enabled_society_says_it_does_nothing_yet():
-    for name in ("openai", "azure_multi_model", "browserbase"):
-        assert any(w.startswith("society.enabled:") and "does nothing" in w for w in load(name).warnings())
+def test_an_enabled_society_says_where_its_proposals_come_from():
+    for name in ("openai", "azure_multi_model", "browserbase"):  # rlp_enabled and sao_enabled
+        said = [w for w in load(name).warnings() if w.startswith("society")]
+        assert len(said) == 1
+        assert said[0].startswith("society.enabled: the society service does RLP and SAO for this run")
+        assert "not started" not in said[0] and "does nothing" not in said[0]
     assert not any(w.startswith("society") for w in load("groq").warnings())  # society.enabled: false
+
+    only_rlp = load_run_file(next(p for p in CONFIGS if p.parent.name == "openai"))
+    only_rlp["society"]["learning"] = {"rlp_enabled": True, "sao_enabled": False}
+    said = [w for w in parse_run_config(only_rlp).warnings() if w.startswith("society")]
+    assert said[0].startswith("society.enabled: the society service does RLP for this run")
+    # enabled with nothing to learn: the society has nothing to do for this run
+    only_rlp["society"]["learning"] = {}
+    said = [w for w in parse_run_config(only_rlp).warnings() if w.startswith("society")]
+    assert said == [
+        "society.enabled: neither society.learning.rlp_enabled nor society.learning.sao_enabled is set; "
+        "the society does nothing for this run"
+    ]
 
 
 def test_bad_test_cases_are_all_listed_with_their_path_not_pydantic_text(tmp_path: Path):

@@ -90,7 +90,7 @@ def failing_results() -> RunResults:
         config={"evaluation": {"metrics": {"accuracy": {"weight": 1, "description": "Tool usage correctness"}}}},
         candidates=[Candidate("c1", 0, {"model": "a"}), Candidate("c2", 0, {"model": "b"})],
         evaluations=evals,
-        warnings=("society.enabled: does nothing yet",),
+        warnings=("api.mock_mode: not supported; the target is called for real",),
     )
 
 
@@ -106,7 +106,7 @@ def test_failures_and_timeouts_are_counted_per_run_and_per_candidate():
     for text in (md, page):
         assert "2 of 4 evaluations failed (1 timed out)" in text
         assert "POST http://x/v1 -&gt;" in text or "POST http://x/v1 ->" in text
-        assert "society.enabled: does nothing yet" in text
+        assert "api.mock_mode: not supported; the target is called for real" in text
         assert "accuracy" in text and "Tool usage correctness" in text  # the metric's description
     assert "Evaluations per candidate: scored, errored, timed out" in page
     detailed = json.loads(files["detailed_results.json"])

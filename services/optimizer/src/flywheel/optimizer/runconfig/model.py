@@ -80,17 +80,31 @@ class RunConfig(BaseModel):
                 gaps.append(60.0 / limit.requests_per_minute)
         return max(gaps)
 
+    def _society_warnings(self) -> list[str]:
+        """The optimizer does not act on ``society``: the society service reads it from the
+        runs it watches (RLP proposals before each generation, SAO rounds)."""
+        society = self.society
+        if not society.enabled:
+            return []
+        learning = society.learning
+        active = [name for name, key in (("RLP", "rlp_enabled"), ("SAO", "sao_enabled")) if learning.get(key)]
+        if not active:
+            return [
+                "society.enabled: neither society.learning.rlp_enabled nor society.learning.sao_enabled is set; "
+                "the society does nothing for this run"
+            ]
+        return [
+            f"society.enabled: the society service does {' and '.join(active)} for this run (it watches running "
+            "runs; RLP proposals join the next generation); where none is deployed the run goes on with its own search"
+        ]
+
     def warnings(self) -> list[str]:
         """Fields this config sets that Flywheel reads but does not act on (or acts on
         differently), each ``field.path: what happens instead``."""
         out = []
         api, opt = self.api, self.optimization
         evo, execution = opt.evolution, opt.execution
-        if self.society.enabled:
-            out.append(
-                "society.enabled: the agent society (RLP/SAO proposers) is not started by a run yet; "
-                "this block does nothing (proposals can be sent with the society service)"
-            )
+        out += self._society_warnings()
         if api.adapter_enabled:
             out.append(
                 "api.adapter_enabled: The Convergence's API adapters (BrowserBase, Agno...) are not part of "
