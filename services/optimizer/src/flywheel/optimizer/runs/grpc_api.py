@@ -1,4 +1,5 @@
-"""RunService: start, watch, list, cancel batch runs and fetch their result files."""
+"""RunService: start, watch, list, cancel batch runs, fetch their result files and read their
+history (candidates with their scores so far)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flywheel.api.values import plain_number
 from flywheel.core.errors import InvalidArgument
 from flywheel.core.objects import ObjectStore
 from flywheel.core.run_policy import RunPolicySettings
-from flywheel.core.validation import check_enum, check_string, check_struct
+from flywheel.core.validation import check_enum, check_number, check_string, check_struct
 from flywheel.optimizer.models import RunRow
 from flywheel.optimizer.runs import service
 from flywheel.optimizer.runs.driver import (
@@ -167,3 +168,28 @@ class RunServicer(pb_grpc.RunServiceServicer):
         key = service.artifact_key(row, request.name)
         content = await self._objects.get_bytes(BUCKET, key)
         return pb.GetRunArtifactResponse(name=request.name, content=content, content_type=content_type(request.name))
+
+    async def ListRunCandidates(
+        self, request: pb.ListRunCandidatesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListRunCandidatesResponse:
+        """The run's candidates (generation >= min_generation, at most service.MAX_CANDIDATES,
+        the newest kept) with their mean score and evaluations so far, and the run's generation."""
+        run_id = _run_id(request.run_id)
+        check_number(request.min_generation, "min_generation", min_value=0)
+        async with self._sessions() as session:
+            row, found = await service.list_candidates(session, run_id=run_id, min_generation=request.min_generation)
+        return pb.ListRunCandidatesResponse(
+            candidates=[
+                pb.RunCandidate(
+                    candidate_id=c.candidate_id,
+                    generation=c.generation,
+                    config=struct_of(c.config),
+                    origin=c.origin,
+                    mean_score=c.mean_score,
+                    cases_evaluated=c.cases_evaluated,
+                    cases_failed=c.cases_failed,
+                )
+                for c in found
+            ],
+            generation=row.generation,
+        )

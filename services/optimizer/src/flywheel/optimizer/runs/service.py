@@ -6,17 +6,21 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import and_, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from flywheel.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from flywheel.core.run_policy import RunPolicySettings, policy_problems
-from flywheel.optimizer.models import RunRow
+from flywheel.core.validation import Invalid
+from flywheel.optimizer.models import RunCandidateRow, RunEvaluationRow, RunRow
 from flywheel.optimizer.runconfig import RunConfig, RunConfigError, parse_run_config
 from flywheel.optimizer.runs.driver import ARTIFACTS, CANCELLED, RUNNING
 from flywheel.optimizer.runs.requests import model_urls
 
 MAX_LIST = 500
+# ListRunCandidates answers at most this many candidates (the newest generations are kept):
+# a run's candidates are bounded by its caps (population x generations), this bounds the answer.
+MAX_CANDIDATES = 10_000
 _SETTING = "FLYWHEEL_OPTIMIZER_RUN_MAX_"
 
 
@@ -172,6 +176,65 @@ async def cancel_run(session: AsyncSession, *, run_id: str) -> RunRow:
         await session.commit()
         await session.refresh(row)
     return row
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    """One candidate of a run with its evaluations so far (a failed evaluation scores 0)."""
+
+    candidate_id: str
+    generation: int
+    config: dict[str, Any]
+    origin: str
+    mean_score: float
+    cases_evaluated: int
+    cases_failed: int
+
+
+async def list_candidates(
+    session: AsyncSession, *, run_id: str, min_generation: int = 0, limit: int = MAX_CANDIDATES
+) -> tuple[RunRow, list[CandidateSummary]]:
+    """The run and its candidates of generations >= ``min_generation``, ordered by generation
+    then candidate id, each with the mean score over its stored evaluations (0 when none yet)
+    and how many failed. At most ``limit`` candidates: beyond it the oldest are left out (the
+    newest generations are kept; the oldest one kept may be partial, ask again with a higher
+    ``min_generation`` for less)."""
+    if min_generation < 0:
+        raise Invalid("min_generation", f"must be >= 0, got {min_generation}")
+    row = await get_run(session, run_id=run_id)
+    c, e = RunCandidateRow, RunEvaluationRow
+    query = (
+        select(
+            c.candidate_id,
+            c.generation,
+            c.config,
+            c.origin,
+            func.avg(e.score).label("mean_score"),
+            func.count(e.candidate_id).label("evaluated"),
+            func.count().filter(e.error != "").label("failed"),
+        )
+        .select_from(c)
+        .outerjoin(e, and_(e.run_id == c.run_id, e.candidate_id == c.candidate_id))
+        .where(c.run_id == row.run_id, c.generation >= min_generation)
+        # (run_id, candidate_id) is the key of run_candidates: its other columns may be selected.
+        .group_by(c.run_id, c.candidate_id)
+        .order_by(c.generation.desc(), c.candidate_id.desc())
+        .limit(max(0, min(limit, MAX_CANDIDATES)))
+    )
+    found = [
+        CandidateSummary(
+            candidate_id=r.candidate_id,
+            generation=r.generation,
+            config=r.config or {},
+            origin=r.origin,
+            mean_score=float(r.mean_score or 0.0),
+            cases_evaluated=int(r.evaluated),
+            cases_failed=int(r.failed),
+        )
+        for r in await session.execute(query)
+    ]
+    found.reverse()  # newest first to cut at the limit; the answer reads oldest first
+    return row, found
 
 
 def artifact_key(row: RunRow, name: str) -> str:
