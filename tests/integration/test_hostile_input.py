@@ -582,6 +582,11 @@ M = {
             RUN + "GetRunArtifact",
             good_artifact,
         ),
+        Method(
+            "optimizer",
+            RUN + "ListRunCandidates",
+            lambda c: const(lambda: run_pb.ListRunCandidatesRequest(run_id=c.finished_run))(c),
+        ),
         Method("trace_store", TS + "Ingest", good_ingest, "bidi"),
         Method("trace_store", TS + "GetTrace", lambda c: const(lambda: ts_pb.GetTraceRequest(trace_id=c.trace_id))(c)),
         Method("trace_store", TS + "QueryTraces", good_query),
@@ -710,6 +715,8 @@ FIELDS: list[tuple[str, str, str]] = [
     (RUN + "ListRuns", "state", "enum"),
     (RUN + "GetRunArtifact", "run_id", "lookup"),
     (RUN + "GetRunArtifact", "name", "lookup"),
+    (RUN + "ListRunCandidates", "run_id", "lookup"),
+    (RUN + "ListRunCandidates", "min_generation", "size"),
     (TS + "Ingest", "batch.meta.event_id", "text"),
     (TS + "Ingest", "batch.spans[0].trace_id", "name"),
     (TS + "Ingest", "batch.spans[0].span_id", "name"),
@@ -1102,6 +1109,9 @@ EXPLICIT: list[GrpcCase] = [
     _explicit(RUN + "GetRun", "unknown-run", lambda c, m: setattr(m, "run_id", "no-such-run"), (NOT_FOUND,), "run"),
     _explicit(RUN + "CancelRun", "unknown-run", lambda c, m: setattr(m, "run_id", "no-such-run"), (NOT_FOUND,), "run"),
     _explicit(RUN + "WatchRun", "unknown-run", lambda c, m: setattr(m, "run_id", "no-such-run"), (NOT_FOUND,), "run"),
+    _explicit(
+        RUN + "ListRunCandidates", "unknown-run", lambda c, m: setattr(m, "run_id", "no-such-run"), (NOT_FOUND,), "run"
+    ),
     _explicit(
         RUN + "GetRunArtifact",
         "unknown-artifact",
