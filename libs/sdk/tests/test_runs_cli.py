@@ -287,6 +287,28 @@ class FakeRunService(RunServiceServicer):
             name=request.name, content=self.files[request.name], content_type="application/octet-stream"
         )
 
+    async def ListRunCandidates(self, request, context):
+        if request.min_generation < 0:
+            problem = f"min_generation: must be >= 0, got {request.min_generation}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if request.run_id not in self.runs:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id!r} does not exist")
+        candidates = [
+            rs_pb.RunCandidate(
+                candidate_id="c-0a",
+                generation=0,
+                config=_struct({"temperature": 0.5, "max_tokens": 16}),
+                origin="search",
+                mean_score=0.25,
+                cases_evaluated=2,
+                cases_failed=1,
+            ),
+            rs_pb.RunCandidate(candidate_id="c-1r", generation=1, config=_struct({"temperature": 0.3}), origin="rlp"),
+        ]
+        return rs_pb.ListRunCandidatesResponse(
+            candidates=[c for c in candidates if c.generation >= request.min_generation], generation=1
+        )
+
 
 @pytest.fixture
 def fake(monkeypatch) -> Iterator[FakeRunService]:
@@ -464,6 +486,48 @@ def test_runs_list_show_and_download(fake, tmp_path, capsys):
     assert cli.main(["runs", "download", "run-2", "--output", str(tmp_path / "results")]) == 0
     for name in ARTIFACT_NAMES:
         assert (tmp_path / "results" / name).read_bytes() == fake.files[name]
+
+
+def test_runs_candidates_lists_a_runs_history(fake, tmp_path, capsys):
+    assert cli.main(["optimize", str(_write_config(tmp_path)), "--no-wait"]) == 0
+    capsys.readouterr()
+    assert cli.main(["runs", "candidates", "run-1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["CANDIDATE", "GEN", "ORIGIN", "MEAN", "CASES", "FAILED", "CONFIG"]
+    assert lines[1].split()[:6] == ["c-0a", "0", "search", "0.2500", "2", "1"]
+    assert lines[1].endswith('{"max_tokens": 16, "temperature": 0.5}')
+    assert lines[2].split()[:6] == ["c-1r", "1", "rlp", "-", "0", "0"]  # nothing evaluated yet
+
+    assert cli.main(["runs", "candidates", "run-1", "--json", "--min-generation", "1"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed == {
+        "generation": 1,
+        "candidates": [
+            {
+                "candidate_id": "c-1r",
+                "generation": 1,
+                "config": {"temperature": 0.3},
+                "origin": "rlp",
+                "mean_score": 0.0,
+                "cases_evaluated": 0,
+                "cases_failed": 0,
+            }
+        ],
+    }
+    assert cli.main(["runs", "candidates", "run-1", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["candidates"][0]
+    # numbers stay numbers: an integral config value is an int, counts are ints
+    assert first["config"]["max_tokens"] == 16 and isinstance(first["config"]["max_tokens"], int)
+    assert isinstance(first["cases_evaluated"], int) and first["mean_score"] == 0.25
+
+    with RunsClient(target=fake.target) as runs:
+        history = runs.candidates("run-1", min_generation=1)
+    assert [c.candidate_id for c in history.candidates] == ["c-1r"] and history.generation == 1
+
+    assert cli.main(["runs", "candidates", "nope"]) == 1
+    assert capsys.readouterr().err == "error: NOT_FOUND: run 'nope' does not exist\n"
+    assert cli.main(["runs", "candidates", "run-1", "--min-generation", "-1"]) == 1
+    assert "min_generation: must be >= 0" in capsys.readouterr().err
 
 
 def test_runs_download_says_which_files_are_missing(fake, tmp_path, capsys):

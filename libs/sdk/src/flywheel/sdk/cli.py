@@ -603,6 +603,43 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs_candidates(args: argparse.Namespace) -> int:
+    with _runs(args) as runs:
+        found = runs.candidates(args.run_id, min_generation=args.min_generation)
+    if args.json:
+        listed = [
+            {
+                "candidate_id": c.candidate_id,
+                "generation": c.generation,
+                "config": plain_number(json_format.MessageToDict(c.config)),
+                "origin": c.origin,
+                "mean_score": c.mean_score,
+                "cases_evaluated": c.cases_evaluated,
+                "cases_failed": c.cases_failed,
+            }
+            for c in found.candidates
+        ]
+        print(json.dumps({"generation": found.generation, "candidates": listed}, indent=2, sort_keys=True))
+        return 0
+    if not found.candidates:
+        print(f"no candidates (run generation {found.generation})")
+        return 0
+    rows = [
+        [
+            c.candidate_id,
+            str(c.generation),
+            c.origin,
+            f"{c.mean_score:.4f}" if c.cases_evaluated else "-",
+            str(c.cases_evaluated),
+            str(c.cases_failed),
+            json.dumps(plain_number(json_format.MessageToDict(c.config)), sort_keys=True),
+        ]
+        for c in found.candidates
+    ]
+    print(table(["CANDIDATE", "GEN", "ORIGIN", "MEAN", "CASES", "FAILED", "CONFIG"], rows))
+    return 0
+
+
 def cmd_runs_download(args: argparse.Namespace) -> int:
     out = Path(args.output or args.run_id)
     missing: list[str] = []
@@ -781,6 +818,19 @@ def _run_parsers(commands: Any) -> None:
     show.add_argument("--json", action="store_true", help="print the run as JSON")
     connection_options(show)
     show.set_defaults(func=cmd_runs_show)
+    candidates = run_commands.add_parser(
+        "candidates",
+        help="every config a run evaluated, with its mean score so far",
+        description="A run's history: each candidate config by generation, who proposed it (search, rlp, "
+        "external...), its mean score over the test cases evaluated so far (a failed case scores 0), cases "
+        "evaluated and failed. At most 10,000 candidates (the newest generations); use --min-generation for "
+        "the rest.",
+    )
+    candidates.add_argument("run_id", metavar="RUN_ID")
+    candidates.add_argument("--min-generation", type=int, default=0, help="only generations from this one on")
+    candidates.add_argument("--json", action="store_true", help="print the candidates as JSON")
+    connection_options(candidates)
+    candidates.set_defaults(func=cmd_runs_candidates)
     download = run_commands.add_parser("download", help=f"write a run's result files ({', '.join(ARTIFACT_NAMES)})")
     download.add_argument("run_id", metavar="RUN_ID")
     download.add_argument("--output", "-o", metavar="DIR", help="folder to write to (default ./RUN_ID)")

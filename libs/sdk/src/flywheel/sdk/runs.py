@@ -166,6 +166,16 @@ class RunsClient(_transport.BlockingClient):
         """One result file (``ARTIFACT_NAMES``) of a run."""
         return self._call(self._stub.GetRunArtifact, rs_pb.GetRunArtifactRequest(run_id=run_id, name=name))
 
+    def candidates(self, run_id: str, *, min_generation: int = 0) -> rs_pb.ListRunCandidatesResponse:
+        """The run's history: every config it evaluated (or is evaluating) of generations >=
+        ``min_generation``, ordered by generation then id, each with its origin ("search",
+        "rlp", "external"...), mean score over the test cases evaluated so far (a failed one
+        scores 0), cases evaluated and failed; and the run's generation now. At most 10,000
+        candidates come back (the newest generations): ask with a higher ``min_generation``
+        for the rest of a larger run."""
+        request = rs_pb.ListRunCandidatesRequest(run_id=run_id, min_generation=min_generation)
+        return self._call(self._stub.ListRunCandidates, request)
+
     def watch(self, run_id: str) -> Iterator[pb.RunProgress]:
         """Progress, one message per generation, until the run ends (no deadline). Closing
         the iterator (or breaking out of the loop) cancels the stream."""
