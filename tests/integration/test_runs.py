@@ -11,6 +11,7 @@ import time
 import asyncpg
 import grpc
 import pytest
+from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
 from flywheel.api.common.v1.common_pb2 import EventMeta
@@ -112,6 +113,22 @@ async def test_a_run_finds_the_best_config_reports_it_and_takes_a_proposal(launc
         assert page.count(b"data:image/png;base64,") == 5
         listed = (await stub.ListRuns(pb.ListRunsRequest(limit=10))).runs
         assert [r.run_id for r in listed] == [run.run_id]
+
+        # The run's history, as the society reads it: every candidate with its scores so far.
+        history = await stub.ListRunCandidates(pb.ListRunCandidatesRequest(run_id=run.run_id))
+        later = await stub.ListRunCandidates(pb.ListRunCandidatesRequest(run_id=run.run_id, min_generation=1))
+    found = list(history.candidates)
+    assert history.generation == run.generation
+    assert [(c.generation, c.candidate_id) for c in found] == sorted((c.generation, c.candidate_id) for c in found)
+    assert sum(c.cases_evaluated for c in found) == run.evaluations_done
+    assert sum(c.cases_failed for c in found) == run.evaluations_failed
+    assert all(0.0 <= c.mean_score <= 1.0 and c.cases_evaluated <= len(QUESTIONS) for c in found)
+    generations = {c.generation for c in found}
+    assert {c.origin for c in found} >= {"initial", "external"} and generations == set(range(max(generations) + 1))
+    assert [c.candidate_id for c in later.candidates] == [c.candidate_id for c in found if c.generation >= 1]
+    # the best config is a candidate whose mean matches the best score the run reports
+    best = [c for c in found if json_format.MessageToDict(c.config) == json_format.MessageToDict(run.best_config)]
+    assert best and any(abs(c.mean_score - run.best_score) < 1e-6 for c in best)
 
     rows = await evaluation_rows(optimizer.env, isolation["schema"], run.run_id)
     assert any(r["origin"] == "external" for r in rows), "the proposal was never evaluated"
