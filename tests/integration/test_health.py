@@ -21,7 +21,7 @@ DEPENDS_ON = {
     "trace_store": {"nats", "postgres", "s3"},
     "evaluator": {"nats"},
     "reward_judge": {"postgres", "s3"},
-    "society": {"nats"},
+    "society": {"nats", "postgres", "s3"},
     "trainer": {"nats", "postgres", "s3"},
 }
 

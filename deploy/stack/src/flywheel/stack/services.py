@@ -16,7 +16,7 @@ from flywheel.stack.servers import free_port, process_alive
 
 SERVICES = ("optimizer", "trace_store", "evaluator", "reward_judge", "society", "trainer")
 # Services that own tables, in the order their migrations run.
-MIGRATED = ("optimizer", "trace_store", "reward_judge", "trainer")
+MIGRATED = ("optimizer", "trace_store", "reward_judge", "trainer", "society")
 # The run policy of the local stack and tests (flywheel.core.run_policy): runs may call the
 # evaluator's example module, nothing else; credential variables keep the default prefix
 # FLYWHEEL_TARGET_. An env given to a ServiceProcess overrides it.
