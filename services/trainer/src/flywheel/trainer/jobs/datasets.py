@@ -236,6 +236,31 @@ def check_rows(
     return _warnings(kind, train, validation)
 
 
+def check_reward_columns(rewards: Iterable[Any], train: list[dict[str, Any]], validation: list[dict[str, Any]]) -> None:
+    """The columns a job's reward sources read (``RewardSourceDesc``s): an information-gain
+    source's outcome column must hold non-empty text in every row of both splits. Raises
+    Invalid naming the source's field (``spec.rewards[0].information_gain.outcome_column``),
+    the split and the row."""
+    from flywheel.core.validation import Invalid
+
+    for source in rewards:
+        column = getattr(source, "outcome_column", "")
+        if not column:
+            continue
+        where = f"{source.request_field or 'spec.rewards'}.information_gain.outcome_column"
+        for split, rows in (("train", train), ("validation", validation)):
+            for i, row in enumerate(rows):
+                if column not in row:
+                    have = ", ".join(sorted(row)) or "none"
+                    raise Invalid(where, f"dataset {split} row {i} has no {column!r} column (columns: {have})")
+                value = row[column]
+                if not isinstance(value, str):
+                    got = type(value).__name__
+                    raise Invalid(where, f"dataset {split} row {i}: {column!r} must be text, got {got}")
+                if not value.strip():
+                    raise Invalid(where, f"dataset {split} row {i}: {column!r} is empty (the observed outcome)")
+
+
 def _kind_module(kind: str) -> Any:
     import importlib
 

@@ -113,6 +113,8 @@ class Finisher:
             fields.update(judge_rubric=source.judge_rubric, judge_rank=source.judge_rank)
         elif source.exact_match_column:
             fields["exact_match_column"] = source.exact_match_column
+        elif source.outcome_column:
+            fields["information_gain_column"] = source.outcome_column
         else:
             fields["callable"] = source.callable
         return fields

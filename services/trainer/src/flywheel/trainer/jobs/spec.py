@@ -65,6 +65,10 @@ class RewardSourceDesc:
     judge_rank: bool = False
     exact_match_column: str = ""
     callable: str = ""
+    # RLP's information gain: the dataset column holding the observed outcome text.
+    outcome_column: str = ""
+    # Where the source came from in the request (spec.rewards[i]), for errors about its data.
+    request_field: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,23 @@ def _verifiable(
     raise Invalid(name, "set exact_match_column or callable")
 
 
+def _information_gain(
+    source: jobs_pb2.InformationGainReward, weight: float, name: str, spec: jobs_pb2.TrainingJobSpec
+) -> RewardSourceDesc:
+    """RLP's reward: the outcome column is checked against the data by the servicer
+    (:func:`flywheel.trainer.jobs.datasets.check_reward_columns`). The adapter-free base it
+    scores with is always there: every job trains a LoRA adapter."""
+    from flywheel.trainer.training.information_gain_reward import DEFAULT_OUTCOME_COLUMN, RESERVED_COLUMNS
+
+    where = f"{name}.information_gain.outcome_column"
+    column = check_string(source.outcome_column, where, max_len=128) or DEFAULT_OUTCOME_COLUMN
+    if column in RESERVED_COLUMNS:
+        raise Invalid(where, f"{column!r} is not a column rewards receive; name the column holding the outcome text")
+    if spec.HasField("multi_turn"):
+        raise Invalid(f"{name}.information_gain", "scores one thought per prompt; not with multi_turn rollouts")
+    return RewardSourceDesc(weight=weight, outcome_column=column, request_field=name)
+
+
 def _rewards(spec: jobs_pb2.TrainingJobSpec, kind: str, policy: RunPolicySettings) -> tuple[RewardSourceDesc, ...]:
     if len(spec.rewards) > MAX_SOURCES:
         raise Invalid("spec.rewards", f"at most {MAX_SOURCES} reward sources")
@@ -172,8 +193,10 @@ def _rewards(spec: jobs_pb2.TrainingJobSpec, kind: str, policy: RunPolicySetting
             out.append(RewardSourceDesc(weight=weight, judge_rubric=rubric or "default", judge_rank=source.judge.rank))
         elif which == "verifiable":
             out.append(_verifiable(source.verifiable, weight, f"{name}.verifiable", policy))
+        elif which == "information_gain":
+            out.append(_information_gain(source.information_gain, weight, name, spec))
         else:
-            raise Invalid(name, "set reward_policy_id, judge or verifiable")
+            raise Invalid(name, "set reward_policy_id, judge, verifiable or information_gain")
     if kind in ONLINE and not out:
         raise Invalid("spec.rewards", f"a {kind} job needs at least one reward (rewards or reward_policy_id)")
     if kind not in ONLINE and out:

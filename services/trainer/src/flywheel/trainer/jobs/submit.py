@@ -70,13 +70,14 @@ class Submitter:
         job = parse_job(request.spec, policy=self._settings.policy)
         await self._check_lineage(job)
         await self._check_base_model(job)
-        from flywheel.trainer.jobs.datasets import DatasetError, check_rows, load_dataset
+        from flywheel.trainer.jobs.datasets import DatasetError, check_reward_columns, check_rows, load_dataset
 
         try:
             dataset = await load_dataset(self._objects, job.dataset_uri)
             warnings = check_rows(job.kind, dataset.train, dataset.validation)
         except (DatasetError, ValueError) as exc:
             raise Invalid("spec.dataset_uri", str(exc)) from None
+        check_reward_columns(job.rewards, dataset.train, dataset.validation)
         placeholder = (RewardFunction(fn=placeholder_reward),) if job.kind in ONLINE else ()
         spec = job.train_spec(samples=len(dataset.train), rewards=placeholder)
         if request.dry_run:

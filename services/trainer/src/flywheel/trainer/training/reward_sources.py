@@ -1,7 +1,8 @@
 """The reward sources of a GRPO/RLOO job as TRL reward functions: a trained reward-model
-version, the reward judge over gRPC, or a verifiable check (exact match on a column, or an
-allowed Python callable). One :class:`RewardSourceSpec` per ``RewardSource`` of the job; the
-job runner downloads a reward-model version before building.
+version, the reward judge over gRPC, a verifiable check (exact match on a column, or an
+allowed Python callable), or RLP's information gain about an outcome column. One
+:class:`RewardSourceSpec` per ``RewardSource`` of the job; the job runner downloads a
+reward-model version before building.
 
 - **Reward model**: the base model as a one-output sequence classifier with the version's LoRA
   ``SEQ_CLS`` adapter (its score head included) on top, scoring prompt + completion at the last
@@ -17,6 +18,10 @@ job runner downloads a reward-model version before building.
   dataset column, or ``module:function`` resolved under the run policy
   (:func:`flywheel.core.callables.resolve_callable`, the evaluator's checks), called as
   ``f(prompts=, completions=, **columns) -> list[float | None]``.
+- **Information gain** (RLP, arXiv 2510.01265): ``log p(x | c, z) - log p(x | c)`` of the
+  outcome column ``x`` given the prompt ``c`` with and without the completion (the thought)
+  ``z``, both under the adapter-free base (the policy with its LoRA switched off); see
+  :mod:`flywheel.trainer.training.information_gain_reward`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flywheel.core.callables import resolve_callable
 from flywheel.core.judge_client import JudgeClient, JudgeUnavailable
 from flywheel.core.run_policy import RunPolicySettings
+from flywheel.trainer.training.information_gain_reward import DEFAULT_OUTCOME_COLUMN, InformationGainReward
 from flywheel.trainer.training.rewards import completion_text, exact_match
 from flywheel.trainer.training.spec import RewardFunction
 
@@ -41,10 +47,13 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "training_results.json"
 
 
+SOURCE_FIELDS = ("reward_model_dir", "judge_rubric", "exact_match_column", "callable", "information_gain_column")
+
+
 class RewardSourceSpec(BaseModel):
     """One weighted reward source; exactly one of ``reward_model_dir``, ``judge_rubric``,
-    ``exact_match_column`` and ``callable`` is set (``judge_rubric=""`` is the judge's default
-    rubric)."""
+    ``exact_match_column``, ``callable`` and ``information_gain_column`` is set
+    (``judge_rubric=""`` is the judge's default rubric)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -58,19 +67,16 @@ class RewardSourceSpec(BaseModel):
     judge_rank: bool = False
     exact_match_column: str | None = Field(None, min_length=1)
     callable: str | None = Field(None, min_length=1)
+    # RLP's information gain about this column's outcome text (the proto's default: "outcome").
+    information_gain_column: str | None = Field(None, min_length=1)
     name: str | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> RewardSourceSpec:
-        chosen = [
-            f
-            for f in ("reward_model_dir", "judge_rubric", "exact_match_column", "callable")
-            if getattr(self, f) is not None
-        ]
+        chosen = [f for f in SOURCE_FIELDS if getattr(self, f) is not None]
         if len(chosen) != 1:
             raise ValueError(
-                "reward source: set exactly one of reward_model_dir, judge_rubric, exact_match_column, callable"
-                f" (got {', '.join(chosen) or 'none'})"
+                f"reward source: set exactly one of {', '.join(SOURCE_FIELDS)} (got {', '.join(chosen) or 'none'})"
             )
         if self.judge_rank and self.judge_rubric is None:
             raise ValueError("reward source: judge_rank applies to a judge source (judge_rubric) only")
@@ -98,7 +104,10 @@ def from_proto(source: Any, *, reward_model_dir: str | None = None) -> RewardSou
         if check == "callable":
             return RewardSourceSpec(weight=weight, callable=source.verifiable.callable)
         raise ValueError("reward source: verifiable names neither exact_match_column nor callable")
-    raise ValueError("reward source: none of reward_policy_id, judge, verifiable is set")
+    if which == "information_gain":
+        column = source.information_gain.outcome_column or DEFAULT_OUTCOME_COLUMN
+        return RewardSourceSpec(weight=weight, information_gain_column=column)
+    raise ValueError("reward source: none of reward_policy_id, judge, verifiable, information_gain is set")
 
 
 def build_rewards(
@@ -138,6 +147,10 @@ def build_rewards(
         elif source.exact_match_column is not None:
             fn = exact_match(source.exact_match_column)
             default_name = f"exact_match:{source.exact_match_column}"
+        elif source.information_gain_column is not None:
+            # Bound to the policy model by train() once the TRL trainer has wrapped it.
+            fn = InformationGainReward(source.information_gain_column)
+            default_name = f"information_gain:{source.information_gain_column}"
         else:
             assert source.callable is not None
             # CallableRefused is a ValueError that names the path and the policy's reason.

@@ -131,6 +131,12 @@ def train(
         reward=reward,
     )
     trainer = module.build(ctx)
+    for function in spec.rewards:
+        # Rewards that score with the policy's own model (information gain: the adapter-free
+        # base) get it once TRL has wrapped it with the adapter.
+        bind = getattr(function.fn, "bind_trainer", None)
+        if callable(bind):
+            bind(trainer)
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
