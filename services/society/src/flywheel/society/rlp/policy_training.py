@@ -55,7 +55,9 @@ def served_name(policy: Any) -> str:
 
 
 def jobs_of(row: RlpPolicyRow) -> list[dict[str, Any]]:
-    return list((row.normalizer or {}).get("jobs") or [])
+    """The space's GRPO jobs, oldest first (copies: a changed list must be assigned back,
+    since the JSON column sees no change made in place)."""
+    return [dict(job) for job in (row.normalizer or {}).get("jobs") or []]
 
 
 def grpo_rows(experiences: list[tuple[str, str]]) -> list[dict[str, str]]:
