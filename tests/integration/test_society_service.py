@@ -1,0 +1,203 @@
+"""The society as a real service: an SAO round started over gRPC runs in the service's worker
+against a scripted policy model (a real local OpenAI-compatible server, through LiteLLM) and
+the real reward judge process (both orders; its LLM scripted to change its mind on two
+prompts), registers its dataset in S3 and PostgreSQL, announces it on the bus, submits its DPO
+job to the real trainer (which reads and accepts the manifest), and shows
+in ListDatasets, GetStats and /metrics. Imports refuse a malformed line by number, exports
+round-trip, and hostile requests are INVALID_ARGUMENT naming the field.
+
+The script's counts (sao_stubs): 18 prompts, 16 unique; dropped duplicate_prompt 2,
+unparsable_ranking 1, judge_order_disagreement 2; 15 judged, 13 kept (11 train, 2 validation)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+import httpx
+import pytest
+from google.protobuf.struct_pb2 import Struct
+
+from flywheel.api.society.v1 import events_pb2 as society_events
+from flywheel.api.society.v1 import society_service_pb2 as pb
+from flywheel.api.society.v1 import society_service_pb2_grpc as pb_grpc
+from flywheel.api.subjects import Catalogue
+from flywheel.api.trainer.v1 import jobs_pb2
+from flywheel.api.trainer.v1 import trainer_service_pb2 as trainer_pb
+from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as trainer_grpc
+
+from .sao_stubs import Stub, judge_llm, policy_answers, start_judge_args, trainer_env  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def config(**fields: object) -> Struct:
+    out = Struct()
+    out.update(fields)
+    return out
+
+
+async def refused(call, code: grpc.StatusCode, *words: str) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    details = err.value.details() or ""
+    assert err.value.code() == code, details
+    for word in words:
+        assert word in details, details
+    return details
+
+
+async def finished_round(stub: pb_grpc.SocietyServiceStub, round_id: str, timeout_s: float = 60) -> pb.SaoRound:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = (await stub.GetSaoRound(pb.GetSaoRoundRequest(round_id=round_id))).round
+        if got.state in ("succeeded", "failed"):
+            return got
+        assert time.monotonic() < deadline, f"round still {got.state} after {timeout_s} s"
+        await asyncio.sleep(0.2)
+
+
+async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_client, tmp_path):  # noqa: F811
+    # Started without waiting, so each starts while the next migrates.
+    judge = launch(**start_judge_args(judge_llm), wait=False)
+    trainer = launch("trainer", env={**trainer_env(tmp_path), "FLYWHEEL_TRAINER_RUN_JOBS": "false"}, wait=False)
+    policy = await Stub(policy_answers()).start()
+    try:
+        society = launch(
+            "society",
+            env={
+                "FLYWHEEL_LLM_MODEL": "openai/policy",
+                "FLYWHEEL_LLM_API_BASE": policy.url,
+                "FLYWHEEL_LLM_API_KEY": "sk-scripted",
+                "FLYWHEEL_LLM_TIMEOUT_S": "10",
+                "FLYWHEEL_SOCIETY_JUDGE_ADDRESS": judge.address,
+                "FLYWHEEL_SOCIETY_TRAINER_ADDRESS": trainer.address,
+                "FLYWHEEL_SOCIETY_SAO_TRAIN_THRESHOLD": "10",
+                "FLYWHEEL_SOCIETY_SAO_TRAIN_BASE_MODEL": "tiny",
+            },
+            wait=False,
+        )
+        for process in (judge, trainer, society):
+            process.wait_serving()
+        async with grpc.aio.insecure_channel(society.address) as channel:
+            stub = pb_grpc.SocietyServiceStub(channel)
+            sao = config(n_personas=18, batch_size=6, seed=5, validation_fraction=0.1, iterative_rounds=1)
+            started = (
+                await stub.StartSaoRound(pb.StartSaoRoundRequest(dataset_id="sao-svc-1", config=sao, train=True))
+            ).round
+            assert started.state in ("queued", "running") and started.dataset_id == "sao-svc-1"
+            await refused(
+                stub.StartSaoRound(pb.StartSaoRoundRequest(dataset_id="sao-svc-1", config=sao)),
+                grpc.StatusCode.ALREADY_EXISTS,
+                "sao-svc-1",
+            )
+            done = await finished_round(stub, started.round_id)
+            assert done.state == "succeeded", done.error
+            (stats,) = [dict(r) for r in done.rounds]
+            assert dict(stats["dropped"]) == {
+                "duplicate_prompt": 2,
+                "unparsable_ranking": 1,
+                "judge_order_disagreement": 2,
+            }
+            assert (stats["judged"], stats["kept"], stats["attempted"]) == (15, 13, 18)
+
+            (info,) = (await stub.ListDatasets(pb.ListDatasetsRequest())).datasets
+            assert (info.dataset_id, info.source, info.train_rows, info.validation_rows) == ("sao-svc-1", "sao", 11, 2)
+            assert info.unique_prompts == 13 and info.manifest_uri.endswith("/preference/sao-svc-1/manifest.json")
+            assert info.stats["order_agreement_rate"] == pytest.approx(13 / 15)
+            assert dict(info.stats["dropped"])["judge_order_disagreement"] == 2
+            assert info.training_job_id, info.stats["training"]
+
+            got = await stub.GetStats(pb.GetStatsRequest())
+            assert (got.sao.datasets, got.sao.rounds, got.sao.pairs, got.sao.unique_prompts) == (1, 1, 13, 13)
+            assert got.sao.prompt_repetition_rate == pytest.approx(2 / 18)
+            assert got.sao.order_agreement_rate == pytest.approx(13 / 15)
+            assert dict(got.sao.dropped_fraction) == pytest.approx(
+                {"duplicate_prompt": 2 / 18, "unparsable_ranking": 1 / 18, "judge_order_disagreement": 2 / 18}
+            )
+
+            # Announced on the bus, with the job it submitted.
+            catalogue = Catalogue(launch.isolation["namespace"])
+            stream = next(s.name for s in catalogue.streams.values() if ".society." in s.subjects[0])
+            msg = await nats_client.jetstream().get_last_msg(stream, catalogue.society_dataset("sao-svc-1"))
+            event = society_events.SaoDatasetEvent.FromString(msg.data)
+            assert (event.manifest_uri, event.train_rows, event.validation_rows) == (info.manifest_uri, 11, 2)
+            assert event.training_job_id == info.training_job_id and event.meta.event_id == "sao-svc-1"
+
+            # The trainer took the manifest as a DPO dataset (its SubmitJob reads and counts it, as
+            # a dry run does) and holds the job (this trainer runs none).
+            async with grpc.aio.insecure_channel(trainer.address) as tchannel:
+                tstub = trainer_grpc.TrainerServiceStub(tchannel)
+                job = (await tstub.GetJob(trainer_pb.GetJobRequest(job_id=info.training_job_id))).job
+            assert job.spec.kind == jobs_pb2.TRAINING_KIND_DPO and job.spec.dataset_uri == info.manifest_uri
+            assert job.spec.base_model == "tiny" and job.spec.policy_name == "sao-policy"
+            assert job.state == jobs_pb2.JOB_STATE_QUEUED and job.total_steps > 0
+
+            # Export, import under a new id, export again: the same records, split the same way.
+            exported = (await stub.ExportDataset(pb.ExportDatasetRequest(dataset_id="sao-svc-1"))).jsonl
+            rows = [json.loads(line) for line in exported.decode().splitlines()]
+            assert len(rows) == 13 and {"prompt", "chosen", "rejected", "iteration", "timestamp"} <= set(rows[0])
+            imported = (
+                await stub.ImportDataset(pb.ImportDatasetRequest(dataset_id="sao-svc-copy", jsonl=exported))
+            ).dataset
+            assert (imported.source, imported.train_rows, imported.validation_rows) == ("import", 11, 2)
+            assert imported.training_job_id == ""
+            again = (await stub.ExportDataset(pb.ExportDatasetRequest(dataset_id="sao-svc-copy"))).jsonl
+            assert again == exported
+            assert [d.dataset_id for d in (await stub.ListDatasets(pb.ListDatasetsRequest(limit=1))).datasets] == [
+                "sao-svc-copy"
+            ]
+
+            # A malformed import names its line; nothing is registered.
+            lines = exported.split(b"\n")
+            bad = [*lines[:2], b'{"prompt": "x", "chosen": "y"', *lines[2:]]
+            await refused(
+                stub.ImportDataset(pb.ImportDatasetRequest(dataset_id="sao-bad", jsonl=b"\n".join(bad))),
+                INVALID,
+                "jsonl: line 3",
+            )
+            missing = b'{"prompt": "p", "chosen": "a", "rejected": "b", "timestamp": 0}\n' * 2 + b'{"prompt": "p"}\n'
+            await refused(stub.ImportDataset(pb.ImportDatasetRequest(jsonl=missing)), INVALID, "line 3", "chosen")
+            assert len((await stub.ListDatasets(pb.ListDatasetsRequest())).datasets) == 2
+
+            # Hostile and wrong requests: the field is named.
+            await refused(
+                stub.StartSaoRound(pb.StartSaoRoundRequest(config=config(n_personas="x"))), INVALID, "config.n_personas"
+            )
+            await refused(stub.StartSaoRound(pb.StartSaoRoundRequest(config=config(bogus=1))), INVALID, "config.bogus")
+            await refused(
+                stub.StartSaoRound(pb.StartSaoRoundRequest(config=config(temperature=9))), INVALID, "config.temperature"
+            )
+            await refused(
+                stub.StartSaoRound(pb.StartSaoRoundRequest(config=config(model="openai/gpt-5"))),
+                INVALID,
+                "config.model",
+            )
+            await refused(
+                stub.StartSaoRound(pb.StartSaoRoundRequest(dataset_id="a\x00b")), INVALID, "dataset_id", "NUL"
+            )
+            await refused(stub.StartSaoRound(pb.StartSaoRoundRequest(dataset_id="../etc")), INVALID, "dataset_id")
+            await refused(stub.StartSaoRound(pb.StartSaoRoundRequest(endpoint="a.b")), INVALID, "endpoint")
+            await refused(stub.ListDatasets(pb.ListDatasetsRequest(limit=2_000_000_000)), INVALID, "limit")
+            await refused(stub.ListDatasets(pb.ListDatasetsRequest(limit=-1)), INVALID, "limit")
+            await refused(stub.GetStats(pb.GetStatsRequest(run_id="r" * 10_000)), INVALID, "run_id")
+            await refused(stub.GetSaoRound(pb.GetSaoRoundRequest(round_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
+            await refused(stub.GetSaoRound(pb.GetSaoRoundRequest()), INVALID, "round_id")
+            await refused(
+                stub.ExportDataset(pb.ExportDatasetRequest(dataset_id="nope")), grpc.StatusCode.NOT_FOUND, "nope"
+            )
+            await refused(stub.ImportDataset(pb.ImportDatasetRequest(jsonl=b"\xff\xfe")), INVALID, "jsonl", "UTF-8")
+            await refused(stub.ImportDataset(pb.ImportDatasetRequest(jsonl=b"\n\n")), INVALID, "jsonl", "no records")
+
+        # Prometheus: the round's pairs and drops.
+        async with httpx.AsyncClient(timeout=5) as http:
+            text = (await http.get(f"http://127.0.0.1:{society.metrics_port}/metrics")).text
+        assert "flywheel_society_sao_pairs_kept_total 13.0" in text
+        assert 'flywheel_society_sao_pairs_dropped_total{reason="judge_order_disagreement"} 2.0' in text
+        assert "flywheel_society_sao_pairs_order_agreed_total 13.0" in text
+    finally:
+        await policy.stop()
