@@ -201,3 +201,56 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
         assert "flywheel_society_sao_pairs_order_agreed_total 13.0" in text
     finally:
         await policy.stop()
+
+
+async def test_a_round_left_running_by_a_dead_replica_is_queued_again(stack_env, monkeypatch):
+    """Claims share the queue (SKIP LOCKED); a running round whose replica's connection is gone
+    (its advisory lock released) goes back to the queue, a live one does not, and one that
+    died MAX_ATTEMPTS times fails."""
+    from flywheel.core import db
+    from flywheel.core.settings import DatabaseSettings
+    from flywheel.society.sao import SaoConfig
+    from flywheel.society.sao.service import MAX_ATTEMPTS, SaoRounds
+    from flywheel.stack.services import migrate
+
+    migrate("society", stack_env)
+    for key, value in stack_env.items():
+        monkeypatch.setenv(key, value)
+    engine = db.create_engine(DatabaseSettings())  # type: ignore[call-arg]
+    sessions = db.session_factory(engine)
+    rounds = SaoRounds(
+        settings=None,  # type: ignore[arg-type]
+        engine=engine,
+        sessions=sessions,
+        publisher=None,
+        catalogue=None,
+        objects=None,
+        llm_for=None,  # type: ignore[arg-type]
+        judge=None,
+    )
+    try:
+        first, created = await rounds.queue(dataset_id="sao-a", config=SaoConfig(), model="m")
+        again, created_again = await rounds.queue(dataset_id="sao-a", config=SaoConfig(), model="m")
+        assert created and not created_again and again.round_id == first.round_id
+        await rounds.queue(dataset_id="sao-b", config=SaoConfig(), model="m")
+
+        live = await rounds._claim()
+        dead = await rounds._claim()
+        assert live and dead and live[1] == first.round_id != dead[1]  # the oldest first, then the next
+        assert await rounds._claim() is None  # nothing left queued
+        await dead[0].invalidate()  # the replica died: its connection, and so its lock, are gone
+
+        assert await rounds.requeue_orphans() == 1
+        assert (await rounds.get(dead[1])).state == "queued"
+        assert (await rounds.get(live[1])).state == "running"  # its worker holds the lock
+
+        for _ in range(MAX_ATTEMPTS - 1):  # it keeps dying
+            conn, round_id = await rounds._claim()
+            assert round_id == dead[1]
+            await conn.invalidate()
+            await rounds.requeue_orphans()
+        got = await rounds.get(dead[1])
+        assert got.state == "failed" and f"stopped {MAX_ATTEMPTS} times" in got.error
+        await live[0].close()
+    finally:
+        await engine.dispose()

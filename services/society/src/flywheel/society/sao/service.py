@@ -80,6 +80,22 @@ def _lock_key(round_id: str) -> str:
     return f"flywheel.society.sao.{round_id}"
 
 
+async def _release(conn: AsyncConnection, round_id: str) -> None:
+    """Unlock the round and give the connection back; if the unlock fails, the connection is
+    closed for good (a pooled connection would keep the session lock, and the round would look
+    alive forever)."""
+    try:
+        await conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": _lock_key(round_id)})
+        await conn.commit()
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            await conn.invalidate()
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
 def clean_json(value: Any) -> Any:
     """NaN and infinity as null (PostgreSQL's JSON has neither), recursively."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -214,10 +230,7 @@ class SaoRounds:
             try:
                 await self.run(round_id)
             finally:
-                with contextlib.suppress(Exception):  # closing releases the lock anyway
-                    await conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": _lock_key(round_id)})
-                with contextlib.suppress(Exception):
-                    await conn.close()
+                await _release(conn, round_id)
 
     async def _claim(self) -> tuple[AsyncConnection, str] | None:
         """The oldest queued round, now running, with its lock held on the returned
@@ -248,6 +261,8 @@ class SaoRounds:
             )
             await conn.commit()  # the session lock outlives the transaction
         except BaseException:
+            with contextlib.suppress(BaseException):
+                await conn.invalidate()  # it may hold the lock: never back to the pool
             with contextlib.suppress(Exception):
                 await conn.close()
             raise
@@ -295,8 +310,13 @@ class SaoRounds:
                         requeued += 1
                         log.info("sao round queued again", round_id=round_id, attempts=attempts)
                 finally:
-                    await conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), key)
-                    await conn.commit()
+                    try:
+                        await conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), key)
+                        await conn.commit()
+                    except BaseException:
+                        with contextlib.suppress(BaseException):
+                            await conn.invalidate()  # never back to the pool holding the lock
+                        raise
         if requeued:
             self._wake.set()
         return requeued
