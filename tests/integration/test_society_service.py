@@ -6,8 +6,9 @@ job to the real trainer (which reads and accepts the manifest), and shows
 in ListDatasets, GetStats and /metrics. Imports refuse a malformed line by number, exports
 round-trip, and hostile requests are INVALID_ARGUMENT naming the field.
 
-The script's counts (sao_stubs): 18 prompts, 16 unique; dropped duplicate_prompt 2,
-unparsable_ranking 1, judge_order_disagreement 2; 15 judged, 13 kept (11 train, 2 validation)."""
+The script's counts (sao_stubs): 18 persona prompts, 16 unique, plus 2 real prompts of the
+endpoint from a trace store (a fake one speaking gRPC); dropped duplicate_prompt 2,
+unparsable_ranking 1, judge_order_disagreement 2; 17 judged, 15 kept (13 train, 2 validation)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from flywheel.api.society.v1 import events_pb2 as society_events
 from flywheel.api.society.v1 import society_service_pb2 as pb
 from flywheel.api.society.v1 import society_service_pb2_grpc as pb_grpc
 from flywheel.api.subjects import Catalogue
+from flywheel.api.traces.v1 import trace_store_service_pb2 as ts_pb
+from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as ts_grpc
 from flywheel.api.trainer.v1 import jobs_pb2
 from flywheel.api.trainer.v1 import trainer_service_pb2 as trainer_pb
 from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as trainer_grpc
@@ -33,6 +36,35 @@ from .sao_stubs import Stub, judge_llm, policy_answers, start_judge_args, traine
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+TRACE_PROMPTS = ["How do I reset my router's admin password?", "What is the refund window for a damaged parcel?"]
+
+
+class TraceStore(ts_grpc.TraceStoreServiceServicer):
+    """A trace store answering QueryTraces for the endpoint "support" in two pages (a repeated
+    task and an empty one among them); a real gRPC server in the test process."""
+
+    def __init__(self) -> None:
+        self.endpoints: list[str] = []
+        self.server: grpc.aio.Server | None = None
+        self.address = ""
+
+    async def QueryTraces(self, request, context):
+        self.endpoints.append(request.endpoint)
+        if request.page.page_token == "":
+            tasks, token = [TRACE_PROMPTS[0], "  how do I reset my ROUTER's admin password?", ""], "p2"
+        else:
+            tasks, token = [TRACE_PROMPTS[1]], ""
+        return ts_pb.QueryTracesResponse(
+            traces=[ts_pb.TraceSummary(trace_id=f"t{i}", endpoint="support", task=t) for i, t in enumerate(tasks)],
+            next_page_token=token,
+        )
+
+    async def start(self) -> TraceStore:
+        self.server = grpc.aio.server()
+        ts_grpc.add_TraceStoreServiceServicer_to_server(self, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        await self.server.start()
+        return self
 
 
 def config(**fields: object) -> Struct:
@@ -66,6 +98,7 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
     judge = launch(**start_judge_args(judge_llm), wait=False)
     trainer = launch("trainer", env={**trainer_env(tmp_path), "FLYWHEEL_TRAINER_RUN_JOBS": "false"}, wait=False)
     policy = await Stub(policy_answers()).start()
+    traces = await TraceStore().start()
     try:
         society = launch(
             "society",
@@ -76,6 +109,7 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
                 "FLYWHEEL_LLM_TIMEOUT_S": "10",
                 "FLYWHEEL_SOCIETY_JUDGE_ADDRESS": judge.address,
                 "FLYWHEEL_SOCIETY_TRAINER_ADDRESS": trainer.address,
+                "FLYWHEEL_SOCIETY_TRACE_STORE_ADDRESS": traces.address,
                 "FLYWHEEL_SOCIETY_SAO_TRAIN_THRESHOLD": "10",
                 "FLYWHEEL_SOCIETY_SAO_TRAIN_BASE_MODEL": "tiny",
             },
@@ -87,7 +121,9 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
             stub = pb_grpc.SocietyServiceStub(channel)
             sao = config(n_personas=18, batch_size=6, seed=5, validation_fraction=0.1, iterative_rounds=1)
             started = (
-                await stub.StartSaoRound(pb.StartSaoRoundRequest(dataset_id="sao-svc-1", config=sao, train=True))
+                await stub.StartSaoRound(
+                    pb.StartSaoRoundRequest(dataset_id="sao-svc-1", config=sao, endpoint="support", train=True)
+                )
             ).round
             assert started.state in ("queued", "running") and started.dataset_id == "sao-svc-1"
             await refused(
@@ -103,21 +139,22 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
                 "unparsable_ranking": 1,
                 "judge_order_disagreement": 2,
             }
-            assert (stats["judged"], stats["kept"], stats["attempted"]) == (15, 13, 18)
+            assert (stats["judged"], stats["kept"], stats["attempted"], stats["trace_prompts"]) == (17, 15, 20, 2)
+            assert traces.endpoints == ["support", "support"]  # two pages
 
             (info,) = (await stub.ListDatasets(pb.ListDatasetsRequest())).datasets
-            assert (info.dataset_id, info.source, info.train_rows, info.validation_rows) == ("sao-svc-1", "sao", 11, 2)
-            assert info.unique_prompts == 13 and info.manifest_uri.endswith("/preference/sao-svc-1/manifest.json")
-            assert info.stats["order_agreement_rate"] == pytest.approx(13 / 15)
+            assert (info.dataset_id, info.source, info.train_rows, info.validation_rows) == ("sao-svc-1", "sao", 13, 2)
+            assert info.unique_prompts == 15 and info.manifest_uri.endswith("/preference/sao-svc-1/manifest.json")
+            assert info.stats["order_agreement_rate"] == pytest.approx(15 / 17) and info.stats["trace_prompts"] == 2
             assert dict(info.stats["dropped"])["judge_order_disagreement"] == 2
             assert info.training_job_id, info.stats["training"]
 
             got = await stub.GetStats(pb.GetStatsRequest())
-            assert (got.sao.datasets, got.sao.rounds, got.sao.pairs, got.sao.unique_prompts) == (1, 1, 13, 13)
-            assert got.sao.prompt_repetition_rate == pytest.approx(2 / 18)
-            assert got.sao.order_agreement_rate == pytest.approx(13 / 15)
+            assert (got.sao.datasets, got.sao.rounds, got.sao.pairs, got.sao.unique_prompts) == (1, 1, 15, 15)
+            assert got.sao.prompt_repetition_rate == pytest.approx(2 / 20)
+            assert got.sao.order_agreement_rate == pytest.approx(15 / 17)
             assert dict(got.sao.dropped_fraction) == pytest.approx(
-                {"duplicate_prompt": 2 / 18, "unparsable_ranking": 1 / 18, "judge_order_disagreement": 2 / 18}
+                {"duplicate_prompt": 2 / 20, "unparsable_ranking": 1 / 20, "judge_order_disagreement": 2 / 20}
             )
 
             # Announced on the bus, with the job it submitted.
@@ -125,7 +162,7 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
             stream = next(s.name for s in catalogue.streams.values() if ".society." in s.subjects[0])
             msg = await nats_client.jetstream().get_last_msg(stream, catalogue.society_dataset("sao-svc-1"))
             event = society_events.SaoDatasetEvent.FromString(msg.data)
-            assert (event.manifest_uri, event.train_rows, event.validation_rows) == (info.manifest_uri, 11, 2)
+            assert (event.manifest_uri, event.train_rows, event.validation_rows) == (info.manifest_uri, 13, 2)
             assert event.training_job_id == info.training_job_id and event.meta.event_id == "sao-svc-1"
 
             # The trainer took the manifest as a DPO dataset (its SubmitJob reads and counts it, as
@@ -140,11 +177,12 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
             # Export, import under a new id, export again: the same records, split the same way.
             exported = (await stub.ExportDataset(pb.ExportDatasetRequest(dataset_id="sao-svc-1"))).jsonl
             rows = [json.loads(line) for line in exported.decode().splitlines()]
-            assert len(rows) == 13 and {"prompt", "chosen", "rejected", "iteration", "timestamp"} <= set(rows[0])
+            assert len(rows) == 15 and set(TRACE_PROMPTS) <= {r["prompt"] for r in rows}
+            assert {"prompt", "chosen", "rejected", "iteration", "timestamp"} <= set(rows[0])
             imported = (
                 await stub.ImportDataset(pb.ImportDatasetRequest(dataset_id="sao-svc-copy", jsonl=exported))
             ).dataset
-            assert (imported.source, imported.train_rows, imported.validation_rows) == ("import", 11, 2)
+            assert (imported.source, imported.train_rows, imported.validation_rows) == ("import", 13, 2)
             assert imported.training_job_id == ""
             again = (await stub.ExportDataset(pb.ExportDatasetRequest(dataset_id="sao-svc-copy"))).jsonl
             assert again == exported
@@ -196,11 +234,12 @@ async def test_society_service_runs_sao_end_to_end(launch, judge_llm, nats_clien
         # Prometheus: the round's pairs and drops.
         async with httpx.AsyncClient(timeout=5) as http:
             text = (await http.get(f"http://127.0.0.1:{society.metrics_port}/metrics")).text
-        assert "flywheel_society_sao_pairs_kept_total 13.0" in text
+        assert "flywheel_society_sao_pairs_kept_total 15.0" in text
         assert 'flywheel_society_sao_pairs_dropped_total{reason="judge_order_disagreement"} 2.0' in text
-        assert "flywheel_society_sao_pairs_order_agreed_total 13.0" in text
+        assert "flywheel_society_sao_pairs_order_agreed_total 15.0" in text
     finally:
         await policy.stop()
+        await traces.server.stop(None)
 
 
 async def test_a_round_left_running_by_a_dead_replica_is_queued_again(stack_env, monkeypatch):

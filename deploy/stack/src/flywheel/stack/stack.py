@@ -139,7 +139,8 @@ class Servers:
 def link_services(procs: dict[str, ServiceProcess]) -> None:
     """Tell services where the others they call are: the trainer enrols canaries in the
     optimizer and asks the reward judge for rewards and win rates; the society reads runs
-    from the optimizer, ranks SAO pairs with the reward judge and submits jobs to the trainer."""
+    from the optimizer, ranks SAO pairs with the reward judge, reads an endpoint's prompts
+    from the trace store and submits jobs to the trainer."""
     links = {
         "trainer": {
             "optimizer": "FLYWHEEL_TRAINER_OPTIMIZER_ADDRESS",
@@ -149,6 +150,7 @@ def link_services(procs: dict[str, ServiceProcess]) -> None:
             "optimizer": "FLYWHEEL_SOCIETY_OPTIMIZER_ADDRESS",
             "reward_judge": "FLYWHEEL_SOCIETY_JUDGE_ADDRESS",
             "trainer": "FLYWHEEL_SOCIETY_TRAINER_ADDRESS",
+            "trace_store": "FLYWHEEL_SOCIETY_TRACE_STORE_ADDRESS",
         },
     }
     for caller, targets in links.items():

@@ -22,6 +22,7 @@ from flywheel.society.clients import OptimizerRuns, TrainerJobs
 from flywheel.society.grpc_api import SocietyServicer
 from flywheel.society.sao.llm import LiteLlm, Llm
 from flywheel.society.sao.service import SaoRounds
+from flywheel.society.sao.traces import TracePrompts
 from flywheel.society.settings import SocietySettings
 
 try:  # RLP (helper H2's module): the society serves SAO and stats without it
@@ -76,8 +77,8 @@ async def build(settings: SocietySettings, parts: ServiceParts) -> None:
     bus = await connect_bus(settings.nats, name=NAME, parts=parts)
     database = connect_database(settings.db, parts=parts)
     objects = connect_objects(settings.s3, parts=parts)
-    runs, trainer = OptimizerRuns(settings), TrainerJobs(settings)
-    parts.closers += [runs.close, trainer.close]
+    runs, trainer, traces = OptimizerRuns(settings), TrainerJobs(settings), TracePrompts(settings)
+    parts.closers += [runs.close, trainer.close, traces.close]
     judge = judge_client(settings)
     if judge is not None:
         parts.closers.append(judge.close)
@@ -92,6 +93,7 @@ async def build(settings: SocietySettings, parts: ServiceParts) -> None:
         llm_for=policy_models(settings),
         judge=judge,
         trainer=trainer,
+        traces=traces,
     )
     parts.servicers.append(
         (

@@ -135,6 +135,11 @@ class SocietyServicer(pb_grpc.SocietyServiceServicer):
                 subject_token(endpoint, what="endpoint")
             except ValueError:
                 raise Invalid("endpoint", "must be 1-64 characters of [A-Za-z0-9_-] (an endpoint name)") from None
+        if endpoint and (self._rounds.traces is None or not self._rounds.traces.configured):
+            raise FailedPrecondition(
+                "endpoint: the society has no trace store to read its prompts from "
+                "(set FLYWHEEL_SOCIETY_TRACE_STORE_ADDRESS)"
+            )
         if self._rounds.judge is None:
             raise FailedPrecondition(
                 "the society has no reward judge to rank pairs with (set FLYWHEEL_SOCIETY_JUDGE_ADDRESS)"

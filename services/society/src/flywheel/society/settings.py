@@ -19,7 +19,7 @@ from flywheel.core.settings import ClientLinks, DatabaseSettings, NatsSettings, 
 
 class SocietySettings(ClientLinks, ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_SOCIETY_", extra="ignore")
-    LINKS: ClassVar[tuple[str, ...]] = ("optimizer", "judge", "trainer")
+    LINKS: ClassVar[tuple[str, ...]] = ("optimizer", "judge", "trainer", "trace_store")
 
     grpc_port: int = Field(50055, ge=0, le=65535)
     nats: NatsSettings = Field(default_factory=NatsSettings)  # type: ignore[arg-type]
@@ -85,6 +85,16 @@ class SocietySettings(ClientLinks, ServiceSettings):
     trainer_tls_key_file: FilePath | None = None
     trainer_tls_server_name: str | None = None
     trainer_allow_insecure: bool = False
+    # SAO mixes in real prompts of an endpoint's traces (StartSaoRound.endpoint) read from here.
+    trace_store_address: str = ""
+    trace_store_auth_token: SecretStr | None = None
+    trace_store_timeout_s: float = Field(10.0, gt=0)
+    trace_store_tls: bool = False
+    trace_store_tls_ca_file: FilePath | None = None
+    trace_store_tls_cert_file: FilePath | None = None
+    trace_store_tls_key_file: FilePath | None = None
+    trace_store_tls_server_name: str | None = None
+    trace_store_allow_insecure: bool = False
 
     def allowed_models(self) -> list[str]:
         """Model names a run or a request may choose."""

@@ -126,6 +126,7 @@ class SaoRounds:
         llm_for: Callable[[str], Awaitable[Llm]],
         judge: Ranker | None,
         trainer: Any = None,
+        traces: Any = None,
         poll_s: float = 2.0,
         sweep_s: float = 30.0,
     ) -> None:
@@ -138,6 +139,7 @@ class SaoRounds:
         self._llm_for = llm_for
         self.judge = judge
         self._trainer = trainer
+        self.traces = traces
         self._poll_s = poll_s
         self._sweep_s = sweep_s
         self._wake = asyncio.Event()
@@ -357,12 +359,19 @@ class SaoRounds:
                 )
                 await session.commit()
 
-        # Trace prompts of ``endpoint``: the society has no trace store link yet; the round
-        # uses personas only and says so in its stats.
-        dataset, stats = await run_rounds(config, llm=llm, judge=self.judge, on_round=on_round)
+        trace_prompts: list[str] = []
+        endpoint = str(request.get("endpoint", ""))
+        if endpoint:  # mixed into the first round, up to one per persona
+            if self.traces is None or not self.traces.configured:
+                raise RuntimeError("no trace store to read the endpoint's prompts from (set TRACE_STORE_ADDRESS)")
+            trace_prompts = await self.traces.fetch(endpoint, config.n_personas)
+        dataset, stats = await run_rounds(
+            config, llm=llm, judge=self.judge, trace_prompts=trace_prompts, on_round=on_round
+        )
         summary = summarize_rounds([s.to_dict() for s in stats])
-        if request.get("endpoint"):
-            summary["trace_prompts_note"] = "endpoint given, but no trace store link: personas only"
+        if endpoint:
+            summary["endpoint"] = endpoint
+            summary["trace_prompts"] = len(trace_prompts)
         if not dataset.records:
             dropped = ", ".join(f"{k} {v}" for k, v in summary["dropped"].items()) or "nothing attempted"
             raise RuntimeError(f"no pair was kept in {len(stats)} round(s) (dropped: {dropped})")
