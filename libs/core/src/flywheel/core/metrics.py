@@ -17,6 +17,15 @@ EVENTS_TOTAL = Counter(
     "flywheel_events_total", "Events consumed, by outcome (ack, deadletter, retry)", ["consumer", "outcome"]
 )
 EVENT_SECONDS = Histogram("flywheel_event_seconds", "Event handling latency", ["consumer"])
+# A consumer's lag, as its replicas see it at each fetch: how old an event is when it is taken
+# (JetStream's stored timestamp to now), and how many of the stream's messages wait behind it.
+EVENT_AGE = Histogram(
+    "flywheel_event_age_seconds",
+    "Age of an event when its consumer takes it (stored in the stream to handled)",
+    ["consumer"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+PENDING = Gauge("flywheel_consumer_pending", "Messages waiting for the consumer after its last fetch", ["consumer"])
 READY = Gauge("flywheel_dependency_ready", "1 when the dependency answered its last check", ["dependency"])
 
 

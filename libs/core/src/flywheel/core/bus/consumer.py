@@ -42,7 +42,7 @@ from flywheel.core.bus.connection import ensure_consumer
 from flywheel.core.bus.publisher import Publisher
 from flywheel.core.errors import describe, is_transient, rejects_the_data
 from flywheel.core.logging import bound, get_logger
-from flywheel.core.metrics import EVENT_SECONDS, EVENTS_TOTAL
+from flywheel.core.metrics import EVENT_AGE, EVENT_SECONDS, EVENTS_TOTAL, PENDING
 
 log = get_logger(__name__)
 M = TypeVar("M", bound=Message)
@@ -151,9 +151,13 @@ class EventConsumer(Generic[M]):
 
     async def _process(self, messages: list[Msg]) -> None:
         started = time.perf_counter()
+        now = time.time()
         decoded: list[tuple[Msg, M, Delivery]] = []
         for msg in messages:
             meta = msg.metadata
+            stored = getattr(meta, "timestamp", None)
+            if stored is not None:
+                EVENT_AGE.labels(self.name).observe(max(0.0, now - stored.timestamp()))
             delivery = Delivery(
                 subject=msg.subject,
                 headers=dict(msg.headers or {}),
@@ -166,6 +170,9 @@ class EventConsumer(Generic[M]):
                 await self._dead_letter(msg, delivery, str(exc))
             except Exception as exc:  # noqa: BLE001 - a parser error of another kind: still malformed
                 await self._dead_letter(msg, delivery, f"cannot decode the payload: {describe(exc)}")
+        pending = getattr(messages[-1].metadata, "num_pending", None) if messages else None
+        if pending is not None:
+            PENDING.labels(self.name).set(pending)
         if not decoded:
             return
         outcomes = await self._handle([(event, delivery) for _, event, delivery in decoded])
