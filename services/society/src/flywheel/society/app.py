@@ -7,6 +7,7 @@ torch never."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from flywheel.api.optimizer.v1.events_pb2 import RunProgressEvent
@@ -51,7 +52,7 @@ def judge_client(settings: SocietySettings) -> JudgeClient | None:
     )
 
 
-def policy_models(settings: SocietySettings):  # type: ignore[no-untyped-def]
+def policy_models(settings: SocietySettings) -> Callable[[str], Awaitable[Llm]]:
     """``llm_for(model)``: the policy model of an SAO round through LiteLLM, with the
     society's key and base URL (never the run's)."""
 

@@ -96,6 +96,11 @@ async def _release(conn: AsyncConnection, round_id: str) -> None:
             await conn.close()
 
 
+def _rowcount(result: Any) -> int:
+    """Rows an UPDATE/INSERT touched (a CursorResult's; typed as a plain Result)."""
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def clean_json(value: Any) -> Any:
     """NaN and infinity as null (PostgreSQL's JSON has neither), recursively."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -186,7 +191,7 @@ class SaoRounds:
                 )
                 .on_conflict_do_nothing(index_elements=["round_id"])
             )
-            created = ((await session.execute(stmt)).rowcount or 0) == 1
+            created = _rowcount(await session.execute(stmt)) == 1
             await session.commit()
             row = await session.get(SaoRoundRow, round_id)
         assert row is not None
@@ -308,7 +313,7 @@ class SaoRounds:
                         .values(**values)
                     )
                     await conn.commit()
-                    if done.rowcount and values["state"] == QUEUED:
+                    if _rowcount(done) and values["state"] == QUEUED:
                         requeued += 1
                         log.info("sao round queued again", round_id=round_id, attempts=attempts)
                 finally:
@@ -395,7 +400,7 @@ class SaoRounds:
                 .values(state=state, error=error, finished_at=datetime.now(UTC))
             )
             await session.commit()
-        if done.rowcount:
+        if _rowcount(done):
             metrics.SAO_ROUNDS.labels(state=state).inc()
 
     # --- registering a dataset -----------------------------------------------------------------
