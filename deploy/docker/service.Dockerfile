@@ -83,7 +83,9 @@ CMD ["serve"]
 
 # --- GPU images: trainer and model server --------------------------------------------------
 # The CUDA runtime image has no Python: uv installs a standalone CPython (the version the tests
-# run on) under /opt/python, and the runtime stage copies it with the virtual environment.
+# run on) under /opt/python, and the runtime stage copies it with the virtual environment. That
+# CPython is pointed at the image's CA bundle (SSL_CERT_FILE); mount a bundle with a private CA
+# and set SSL_CERT_FILE to it for S3 or an LLM endpoint behind one.
 FROM ${CUDA_IMAGE} AS gpu-builder
 COPY --from=uv /uv /usr/local/bin/uv
 ARG PYTHON_VERSION=3.11.14
@@ -125,6 +127,7 @@ ENV PATH=/opt/flywheel/bin:${PATH} \
     HF_HOME=/tmp/huggingface \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin flywheel

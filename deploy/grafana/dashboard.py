@@ -190,7 +190,7 @@ def build() -> dict:
     lay.panel(
         "Dependencies down",
         [(f"sum by (dependency) (1 - flywheel_dependency_ready{{{NS}}})", "{{dependency}}")],
-        description="Replicas whose last check of a dependency (PostgreSQL, NATS, S3, peers) failed.",
+        description="Replicas whose last check of a dependency (postgres, nats, s3) failed.",
     )
 
     lay.row("Batch runs")
