@@ -47,6 +47,7 @@ from flywheel.api.optimizer.v1 import runs_pb2
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.reward.v1 import reward_judge_service_pb2 as judge_pb
 from flywheel.api.society.v1 import events_pb2 as society_pb
+from flywheel.api.society.v1 import society_service_pb2 as soc_pb
 from flywheel.api.subjects import Catalogue
 from flywheel.api.traces.v1 import spans_pb2
 from flywheel.api.traces.v1 import trace_store_service_pb2 as ts_pb
@@ -323,6 +324,7 @@ RUN = "/flywheel.api.optimizer.v1.RunService/"
 TS = "/flywheel.api.traces.v1.TraceStoreService/"
 JUDGE = "/flywheel.api.reward.v1.RewardJudgeService/"
 TRAINER = "/flywheel.api.trainer.v1.TrainerService/"
+SOCIETY = "/flywheel.api.society.v1.SocietyService/"
 
 Good = Callable[[Ctx], Awaitable[Message]]
 
@@ -648,6 +650,53 @@ TRAINER_REQUESTS = {
     "ListJobs": (trainer_pb.ListJobsRequest(), "OK", ""),
     "ListJobs-limit": (trainer_pb.ListJobsRequest(limit=-1), "INVALID", "limit"),
     "CancelJob": (trainer_pb.CancelJobRequest(job_id="j1"), "NOT_FOUND", "j1"),
+}
+
+# The society's methods: (request, the code it must get, a word its message must name). This
+# society has no reward judge, so a valid StartSaoRound is FAILED_PRECONDITION (it says so).
+_LINE3 = b'{"prompt": "p", "chosen": "a", "rejected": "b", "timestamp": 0}\n' * 2 + b'{"prompt": "p", "chosen"\n'
+SOCIETY_REQUESTS = {
+    "GetStats": (soc_pb.GetStatsRequest(), "OK", ""),
+    "GetStats-nul": (soc_pb.GetStatsRequest(run_id="r\x001"), "INVALID", "run_id"),
+    "GetStats-huge": (soc_pb.GetStatsRequest(run_id=HUGE), "INVALID", "run_id"),
+    "StartSaoRound": (soc_pb.StartSaoRoundRequest(config=struct({"n_personas": 2})), "FAILED_PRECONDITION", "judge"),
+    "StartSaoRound-unknown-field": (
+        soc_pb.StartSaoRoundRequest(config=struct({"bogus": 1})),
+        "INVALID",
+        "config.bogus",
+    ),
+    "StartSaoRound-nan": (
+        soc_pb.StartSaoRoundRequest(config=struct({"temperature": math.nan})),
+        "INVALID",
+        "config.temperature",
+    ),
+    "StartSaoRound-wrong-type": (
+        soc_pb.StartSaoRoundRequest(config=struct({"n_personas": "many"})),
+        "INVALID",
+        "config.n_personas",
+    ),
+    "StartSaoRound-1mb": (soc_pb.StartSaoRoundRequest(config=struct({"seed": HUGE})), "INVALID", "config"),
+    "StartSaoRound-model": (
+        soc_pb.StartSaoRoundRequest(config=struct({"model": "openai/not-allowed"})),
+        "INVALID",
+        "config.model",
+    ),
+    "StartSaoRound-dataset-nul": (soc_pb.StartSaoRoundRequest(dataset_id="d\x001"), "INVALID", "dataset_id"),
+    "StartSaoRound-dataset-path": (soc_pb.StartSaoRoundRequest(dataset_id="../../etc"), "INVALID", "dataset_id"),
+    "StartSaoRound-dataset-huge": (soc_pb.StartSaoRoundRequest(dataset_id=HUGE), "INVALID", "dataset_id"),
+    "StartSaoRound-endpoint": (soc_pb.StartSaoRoundRequest(endpoint="a'; DROP TABLE x;--"), "INVALID", "endpoint"),
+    "GetSaoRound": (soc_pb.GetSaoRoundRequest(round_id="r1"), "NOT_FOUND", "r1"),
+    "GetSaoRound-empty": (soc_pb.GetSaoRoundRequest(), "INVALID", "round_id"),
+    "GetSaoRound-nul": (soc_pb.GetSaoRoundRequest(round_id="r\x001"), "INVALID", "round_id"),
+    "ListDatasets": (soc_pb.ListDatasetsRequest(), "OK", ""),
+    "ListDatasets-negative": (soc_pb.ListDatasetsRequest(limit=-1), "INVALID", "limit"),
+    "ListDatasets-huge": (soc_pb.ListDatasetsRequest(limit=2_000_000_000), "INVALID", "limit"),
+    "ImportDataset-line3": (soc_pb.ImportDatasetRequest(jsonl=_LINE3), "INVALID", "line 3"),
+    "ImportDataset-utf8": (soc_pb.ImportDatasetRequest(jsonl=b"\xff\xfe"), "INVALID", "jsonl"),
+    "ImportDataset-empty": (soc_pb.ImportDatasetRequest(), "INVALID", "jsonl"),
+    "ImportDataset-dataset-nul": (soc_pb.ImportDatasetRequest(dataset_id="d\x001"), "INVALID", "dataset_id"),
+    "ExportDataset": (soc_pb.ExportDatasetRequest(dataset_id="d1"), "NOT_FOUND", "d1"),
+    "ExportDataset-nul": (soc_pb.ExportDatasetRequest(dataset_id="d\x001"), "INVALID", "dataset_id"),
 }
 
 # ---------------------------------------------------------------------------------------
@@ -1793,3 +1842,19 @@ async def test_bus_hostile_event(ctx: Ctx, nats_client, case: BusCase) -> None:
 
 def test_the_suite_has_at_least_200_cases() -> None:
     assert len(GRPC_CASES) + len(TRAINER_CASES) + len(BUS_CASES) >= 200
+
+
+SOCIETY_CASES = [(name, kind) for name in SOCIETY_REQUESTS for kind in ("valid", "undecodable")]
+
+
+@pytest.mark.parametrize(("name", "kind"), SOCIETY_CASES, ids=[f"society-{n}-{k}" for n, k in SOCIETY_CASES])
+async def test_society_methods_refuse_hostile_requests_cleanly(ctx: Ctx, name: str, kind: str) -> None:
+    request, code, word = SOCIETY_REQUESTS[name]
+    payload = request.SerializeToString() if kind == "valid" else TRUNCATED
+    outcome = await call_raw(ctx.channels["society"], SOCIETY + name.split("-")[0], payload)
+    expected = getattr(S, {"INVALID": "INVALID_ARGUMENT"}.get(code, code)) if kind == "valid" else INVALID
+    assert outcome.code == expected, f"{outcome.code.name}: {outcome.details[:300]!r}"
+    if kind == "valid" and word:
+        assert word in outcome.details, outcome.details[:300]
+    assert not leaks(outcome.details), outcome.details
+    assert await all_serving(ctx) == dict.fromkeys(ctx.channels, "SERVING")
