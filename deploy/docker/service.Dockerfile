@@ -64,13 +64,14 @@ FROM ${PYTHON_IMAGE} AS service
 ARG SERVICE
 ARG GRPC_PORT=50051
 # HOME and the caches point at /tmp: the chart runs with a read-only root filesystem and an
-# emptyDir on /tmp.
+# emptyDir on /tmp. LiteLLM reads its bundled model cost map instead of fetching one at import.
 ENV PATH=/opt/flywheel/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
     XDG_CACHE_HOME=/tmp/.cache \
     MPLCONFIGDIR=/tmp/matplotlib \
+    LITELLM_LOCAL_MODEL_COST_MAP=True \
     FLYWHEEL_SERVICE_MODULE=flywheel.${SERVICE}
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin flywheel
 COPY --from=service-venv /opt/flywheel /opt/flywheel
