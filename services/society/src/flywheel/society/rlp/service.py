@@ -83,21 +83,26 @@ class Thinker(Protocol):
     ) -> str: ...
 
 
-def llm_thinker(settings: SocietySettings) -> Thinker:
-    """The reasoning model through LiteLLM (``FLYWHEEL_LLM_*``: the local model server or any provider)."""
-    client: Any = None
+class LlmThinker:
+    """The reasoning model through LiteLLM (``FLYWHEEL_LLM_*``: the local model server or any
+    provider). ``warm`` imports LiteLLM on a thread at startup (seconds), so the first step of
+    the first run is not spent importing while the run's generation goes by."""
 
-    async def think(messages: list[dict[str, str]], *, model: str, temperature: float, max_tokens: int) -> str:
-        nonlocal client
-        if client is None:
+    def __init__(self, settings: SocietySettings) -> None:
+        self._settings = settings
+        self._client: Any = None
+
+    async def warm(self) -> None:
+        if self._client is None:
             from flywheel.core.llm import LlmClient, load_litellm
 
             await load_litellm()
-            client = LlmClient(settings.llm)
-        got = await client.complete(messages, model=model, temperature=temperature, max_tokens=max_tokens)
-        return got.text
+            self._client = LlmClient(self._settings.llm)
 
-    return think
+    async def __call__(self, messages: list[dict[str, str]], *, model: str, temperature: float, max_tokens: int) -> str:
+        await self.warm()
+        got = await self._client.complete(messages, model=model, temperature=temperature, max_tokens=max_tokens)
+        return got.text
 
 
 def served(model: str) -> str:
@@ -149,7 +154,8 @@ class RlpService:
         self._catalogue = catalogue
         self._runs = runs
         self._start_sao = start_sao
-        self._think = think or llm_thinker(settings)
+        thinker = LlmThinker(settings) if think is None else None
+        self._think: Thinker = think or thinker  # type: ignore[assignment]
         self._scorer = scorer
         self._configs: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -163,6 +169,19 @@ class RlpService:
             poll_s=training_poll_s,
         )
         self.tasks: list[Callable[[], Awaitable[None]]] = [self.training.follow]
+        if thinker is not None:
+            self.tasks.append(self._warm(thinker))
+
+    @staticmethod
+    def _warm(thinker: LlmThinker) -> Callable[[], Awaitable[None]]:
+        async def warm() -> None:
+            try:
+                await thinker.warm()
+                log.info("reasoning model client ready")
+            except Exception as exc:  # noqa: BLE001 - the first step will try again and fail with the reason
+                log.warning("reasoning model client not ready", error=repr(exc))
+
+        return warm
 
     # --- the consumer's handler ---------------------------------------------------------------
 
