@@ -33,7 +33,7 @@ from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as trainer_grpc
 
 from .sao_stubs import Stub, judge_llm, policy_answers, start_judge_args, trainer_env  # noqa: F401 - a fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TRACE_PROMPTS = ["How do I reset my router's admin password?", "What is the refund window for a damaged parcel?"]
