@@ -244,7 +244,9 @@ class StartSaoRoundRequest(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     TRAIN_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
-    """Records go to a new dataset with this id (letters, digits, '.', '_', '-'); empty: generated."""
+    """Records go to a new dataset with this id (1-64 of letters, digits, '_', '-': it is a NATS
+    subject token); empty: generated.
+    """
     endpoint: _builtins.str
     """Mix in real prompts of this endpoint's traces (empty: personas only)."""
     train: _builtins.bool
