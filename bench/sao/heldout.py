@@ -1,0 +1,48 @@
+"""Held-out prompts: a fixed list of real-ish support and how-to requests, written for this
+bench by hand (not by the model, not by the SAO personas). No SAO round ever sees them; the
+bench also drops any that the round's prompts come near (MinHash, the round's threshold)."""
+
+from __future__ import annotations
+
+PROMPTS: tuple[str, ...] = (
+    "My laptop battery drains from full to empty in about two hours. What can I check before buying a new one?",
+    "I was charged twice for the same order this month. How should I ask the shop for a refund?",
+    "How do I reset my home Wi-Fi router without losing my internet provider's settings?",
+    "My phone says storage is full but I deleted lots of photos. Why, and what can I do?",
+    "Explain in simple terms what a VPN does and when I actually need one.",
+    "What is a good way to back up family photos so they survive a broken hard drive?",
+    "My printer is connected but every job stays in the queue. What should I try?",
+    "How can I tell whether an email asking me to confirm my bank password is a scam?",
+    "I forgot the password of an old email account and no longer have its recovery phone. What are my options?",
+    "Write a short, polite message asking my landlord to repair a leaking kitchen tap.",
+    "How do I split a shared electricity bill fairly when one roommate works from home?",
+    "What should I prepare before calling my internet provider about a slow connection?",
+    "My spreadsheet formula shows #REF! after I deleted a column. What does that mean and how do I fix it?",
+    "Give me a simple weekly plan to start running when I have never run before.",
+    "How do I politely decline a meeting invitation from my manager when I have a conflict?",
+    "What are the steps to cancel a gym membership that renews automatically?",
+    "My bike chain keeps slipping when I pedal hard. What could be wrong?",
+    "How long can cooked rice stay in the fridge, and how should I reheat it safely?",
+    "Explain the difference between a debit card and a credit card for someone opening their first bank account.",
+    "My video calls freeze every few minutes. How can I find out whether it is my Wi-Fi or my computer?",
+    "How do I write a complaint to an airline about a lost suitcase?",
+    "What is the safest way to clean a laptop keyboard after spilling coffee on it?",
+    "I need to move a large file to a colleague and email refuses it. What are my options?",
+    "How can I stop my smart TV from showing ads on the home screen?",
+    "My package shows delivered but it is not at my door. What should I do first?",
+    "How should I compare two mobile phone plans with different data limits and prices?",
+    "Explain what two-factor authentication is and how to turn it on for an online account.",
+    "My houseplant's leaves are turning yellow. What are the common causes?",
+    "What should I include in a short message asking for a deadline extension at work?",
+    "How do I find out which program is using all my computer's memory?",
+    "My car's check engine light came on but the car drives normally. Is it safe to keep driving?",
+    "How can I keep my sourdough starter alive while I am away for two weeks?",
+    "What is a simple way to track monthly spending without special software?",
+    "I am locked out of my online banking after three wrong passwords. What happens next?",
+    "How do I ask a shop to exchange shoes that hurt after one day of wearing them?",
+    "Why does my dishwasher leave a white film on glasses, and how can I prevent it?",
+    "Explain how to read the nutrition label on a packet of cereal.",
+    "My new headphones keep disconnecting from my phone. What settings should I check?",
+    "How should I prepare for a phone interview for a customer support job?",
+    "What documents should I keep after filing my taxes, and for how long?",
+)
