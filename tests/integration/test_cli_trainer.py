@@ -50,9 +50,12 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-async def test_policies_list_show_promote_rollback(launch, monkeypatch, capsys):
-    # No job runner: these commands need the registry only (and the runner loads torch).
-    trainer = launch("trainer", env={"FLYWHEEL_TRAINER_RUN_JOBS": "false"})
+async def test_policies_list_show_promote_rollback(launch_session, monkeypatch, capsys):
+    from .trainer_jobs import warm_trainer
+
+    # The session's trainer (one process for every test that needs a plain one); the policy
+    # name is this test's alone.
+    trainer = warm_trainer(launch_session)
     monkeypatch.setenv("FLYWHEEL_TRAINER_ADDRESS", trainer.address)
     monkeypatch.delenv("FLYWHEEL_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("USER", "alice")
@@ -159,30 +162,34 @@ async def test_policies_list_show_promote_rollback(launch, monkeypatch, capsys):
     assert len(proc.stdout.splitlines()) == 4
 
 
-async def test_train_submit_dry_run_and_wait_on_a_real_trainer(launch, monkeypatch, capsys, tmp_path):
-    from .trainer_jobs import preference_rows, put_dataset
+async def test_train_submit_dry_run_and_wait_on_a_real_trainer(launch_session, monkeypatch, capsys):
+    from .trainer_jobs import preference_rows, put_dataset, warm_trainer
 
-    trainer = launch(
-        "trainer",
-        env={"FLYWHEEL_TRAINER_WORK_DIR": str(tmp_path / "work"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
+    # The session's job-running trainer (torch imported once for every job test): its job list
+    # is shared, so what this test submitted is what the list gained.
+    trainer = warm_trainer(launch_session)
     monkeypatch.setenv("FLYWHEEL_TRAINER_ADDRESS", trainer.address)
     monkeypatch.delenv("FLYWHEEL_AUTH_TOKEN", raising=False)
-    uri = put_dataset(launch.env, "cli", preference_rows(12), preference_rows(3, offset=30))
-    common = ["train", "submit", "--kind", "dpo", "--dataset", uri, "--base-model", "tiny", "--name", "cli-dpo"]
+    uri = put_dataset(launch_session.env, "cli", preference_rows(12), preference_rows(3, offset=30))
+    common = ["train", "submit", "--kind", "dpo", "--dataset", uri, "--base-model", "tiny", "--name", "cli-dpo-job"]
     hps = ["--hp", "max_steps=3", "--hp", "batch_size=2", "--hp", "max_length=48", "--lora-r", "4"]
 
+    def listed() -> list[dict]:
+        code, out, err = run(capsys, "train", "list", "--json", "--limit", "100")
+        assert code == 0, err
+        return json.loads(out)
+
+    before = listed()
     code, out, err = run(capsys, *common, *hps, "--dry-run", "--json")
     assert code == 0, err
     report = json.loads(out)
     assert (report["samples"], report["validation_samples"], report["estimated_steps"]) == (12, 3, 3)
-    code, out, _ = run(capsys, "train", "list", "--json")
-    assert code == 0 and json.loads(out) == []  # the dry run stored nothing
+    assert listed() == before  # the dry run stored nothing
 
     code, out, err = run(capsys, *common, *hps, "--wait", "--poll", "0.3")
     assert code == 0, err
-    code, out, _ = run(capsys, "train", "list", "--json")
-    (job,) = json.loads(out)
+    known = {j["job_id"] for j in before}
+    (job,) = [j for j in listed() if j["job_id"] not in known]
     assert job["state"] == "JOB_STATE_SUCCEEDED" and int(job["step"]) == 3 and job["policy_id"], job
     code, out, _ = run(capsys, "policies", "show", job["policy_id"], "--json")
     assert code == 0 and json.loads(out)["job_id"] == job["job_id"]

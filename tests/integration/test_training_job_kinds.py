@@ -16,7 +16,7 @@ from flywheel.api.trainer.v1 import jobs_pb2 as jobs
 from flywheel.api.trainer.v1 import trainer_service_pb2 as pb
 from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
 
-from .trainer_jobs import CITIES, COUNTRIES, preference_rows, put_dataset, s3, wait_job
+from .trainer_jobs import CITIES, COUNTRIES, preference_rows, put_dataset, s3, wait_job, warm_trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 K = jobs
@@ -71,17 +71,9 @@ def spec(kind: int, dataset: str, name: str, **hyperparameters: float) -> jobs.T
     return out
 
 
-async def test_every_kind_trains_checkpoints_and_registers_with_lineage(launch, nats_client, tmp_path):
-    trainer = launch(
-        "trainer",
-        env={
-            "FLYWHEEL_TRAINER_WORK_DIR": str(tmp_path / "work"),
-            "FLYWHEEL_TRAINER_EVAL_MAX_SAMPLES": "3",
-            "FLYWHEEL_TRAINER_EVAL_MAX_NEW_TOKENS": "8",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        },
-    )
+async def test_every_kind_trains_checkpoints_and_registers_with_lineage(launch_session, nats_client, tmp_path):
+    launch = launch_session
+    trainer = warm_trainer(launch)  # the session's: shared with the other job tests, torch imported once
     data = datasets(launch.env)
     failures: list[events_pb2.TrainingProgressEvent] = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import itertools
 import json
 import time
 from typing import Any
@@ -17,6 +18,9 @@ from minio import Minio
 from flywheel.api.trainer.v1 import jobs_pb2 as jobs
 from flywheel.api.trainer.v1 import trainer_service_pb2 as pb
 from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
+from flywheel.stack.servers import process_alive
+from flywheel.stack.services import ServiceProcess
+from flywheel.stack.testing import Launcher
 
 FINAL = (jobs.JOB_STATE_SUCCEEDED, jobs.JOB_STATE_FAILED, jobs.JOB_STATE_CANCELLED)
 CITIES = ["Paris", "Rome", "Madrid", "Berlin", "Lisbon", "Vienna", "Oslo", "Dublin", "Athens", "Warsaw"]
@@ -115,3 +119,48 @@ async def refused(call: Any, *words: str) -> str:
     for word in words:
         assert word in details, details
     return details
+
+
+# The session's job-running trainer (see ``warm_trainer``): fast polling and a short ack wait so
+# cancels and kill -9 hand-overs happen in seconds, and a small held-out evaluation.
+WARM_TRAINER_ENV = {
+    "FLYWHEEL_TRAINER_ACK_WAIT_S": "4",
+    "FLYWHEEL_TRAINER_CANCEL_POLL_S": "0.3",
+    "FLYWHEEL_TRAINER_EVAL_MAX_SAMPLES": "4",
+    "FLYWHEEL_TRAINER_EVAL_MAX_NEW_TOKENS": "8",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+_warm: dict[int, ServiceProcess] = {}
+_replicas = itertools.count(1)
+
+
+def trainer_env(launcher: Launcher, replica: str) -> dict[str, str]:
+    """A job-running trainer's variables (``WARM_TRAINER_ENV``) as replica ``replica``."""
+    return {
+        **WARM_TRAINER_ENV,
+        "FLYWHEEL_TRAINER_REPLICA_ID": replica,
+        "FLYWHEEL_TRAINER_WORK_DIR": str(launcher.log_dir / f"work-{replica}"),
+    }
+
+
+def warm_trainer(launcher: Launcher) -> ServiceProcess:
+    """The job-running trainer of ``launcher`` (``launch_session``), started on first use and
+    again if a test killed it: its first job pays for importing torch, transformers and TRL
+    (about half a minute on CI), the jobs of every later test do not. Tests using it share its
+    schema and queue, so they use names of their own and compare job lists before/after."""
+    proc = _warm.get(id(launcher))
+    if proc is None or proc.pid is None or not process_alive(proc.pid):
+        proc = launcher("trainer", env=trainer_env(launcher, f"warm-{next(_replicas)}"))
+        _warm[id(launcher)] = proc
+    return proc
+
+
+def adopt_warm_trainer(launcher: Launcher, proc: ServiceProcess) -> None:
+    """``proc`` (a trainer of ``launcher``, e.g. the replica that took over from a killed one)
+    is the warm trainer from now on."""
+    _warm[id(launcher)] = proc
+
+
+def replica_of(proc: ServiceProcess) -> str:
+    return proc.env["FLYWHEEL_TRAINER_REPLICA_ID"]

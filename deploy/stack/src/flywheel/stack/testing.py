@@ -72,6 +72,7 @@ class Launcher:
         self.servers = servers
         self.isolation = isolation
         self.env = servers.env(**isolation)
+        self.log_dir = log_dir
         self._log_dir = log_dir
         self._started: list[ServiceProcess] = []
         self._migrated: set[str] = set()
@@ -106,6 +107,17 @@ def launch_module(servers: Servers, tmp_path_factory: pytest.TempPathFactory) ->
     """Start services shared by a module's tests (each test uses its own names inside
     them), in an isolation of the module's own (``launch_module.env``)."""
     launcher = Launcher(servers, new_isolation(), tmp_path_factory.mktemp("services"))
+    yield launcher
+    launcher.stop_all()
+
+
+@pytest.fixture(scope="session")
+def launch_session(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """Start services shared by tests of several modules, kept for the whole session, in an
+    isolation of their own (``launch_session.env``): for a process whose warm-up dominates
+    what a test does with it (a trainer's first job imports torch and transformers). Tests
+    sharing one use their own names inside it and compare before/after, never "empty"."""
+    launcher = Launcher(servers, new_isolation(), tmp_path_factory.mktemp("session-services"))
     yield launcher
     launcher.stop_all()
 
