@@ -184,13 +184,17 @@ async def test_rlp_thoughts_proposals_raced_and_information_gain_rewards(
             steps = await society_rows(
                 env, schema, "SELECT * FROM rlp_steps WHERE run_id = $1 ORDER BY generation", run.run_id
             )
-            if any(s["state"] == "rewarded" for s in steps):
+            resolved = await society_rows(
+                env, schema, "SELECT step_id FROM rlp_proposals WHERE run_id = $1 AND hit IS NOT NULL", run.run_id
+            )
+            done = {r["step_id"] for r in resolved}
+            if any(s["state"] == "rewarded" and s["step_id"] in done for s in steps):
                 break
             assert time.monotonic() < deadline, [(s["generation"], s["state"], s["reason"]) for s in steps]
             assert not any(s["state"] == "failed" for s in steps), [(s["reason"], s["detail"]) for s in steps]
             await asyncio.sleep(0.5)
         print(f"\nsteps: {[(s['generation'], s['state'], s['reason'], s['detail'][:80]) for s in steps]}")
-        step = next(s for s in steps if s["state"] == "rewarded")
+        step = next(s for s in steps if s["state"] == "rewarded" and s["step_id"] in done)
         thoughts = json.loads(step["thoughts"])
         assert len(thoughts) == 2 and all(
             math.isfinite(p["predicted_score"]) for t in thoughts for p in t["proposals"]
