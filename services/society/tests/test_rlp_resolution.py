@@ -57,6 +57,12 @@ def test_a_step_waits_while_its_proposal_is_raced_unless_the_run_finished() -> N
     assert done.thoughts[1] == {}  # never made into a candidate (rejected or raced out)
 
 
+def test_configs_shown_in_the_steps_context_earn_no_reward() -> None:
+    known = [cand(0, {"t": 0.9, "n": 512}, 0.9), cand(1, {"t": 0.1, "n": 256}, 0.3, origin="rlp")]
+    res = resolve(THOUGHTS, SENT[1:], known, current_generation=2, finished=False, step_generation=1)
+    assert res.thoughts == [{}, {THOUGHTS[1].proposals[0].key: 0.3}, {}]  # 0.9/512 was in its history
+
+
 def test_thoughts_round_trip_through_their_json() -> None:
     raw = [{"text": "x", "proposals": [{"params": {"a": 1}, "predicted_score": 0.5, "sigma": None, "key": "k"}]}]
     (t,) = thoughts_from_json(raw)

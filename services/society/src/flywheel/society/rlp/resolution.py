@@ -84,14 +84,18 @@ def resolve(
     *,
     current_generation: int,
     finished: bool,
+    step_generation: int = 0,
 ) -> Resolution:
     """Match the step's configs to the run's candidates. ``sent``: the proposals published
     (their ``config``); the step waits (``ready`` False) while one of them sits in a generation
-    that is still running, unless the run has finished."""
+    that is still running, unless the run has finished. Candidates of generations before the
+    step's were in its context (their scores shown): a thought naming one is not rewarded for
+    repeating what it was told."""
     medians = generation_medians(candidates)
     by_key = {}
     for c in candidates:
-        by_key.setdefault(params_key(c.get("params") or {}), c)
+        if int(c["generation"]) >= step_generation:
+            by_key.setdefault(params_key(c.get("params") or {}), c)
     res = Resolution(ready=True)
     if not finished:
         for p in sent:

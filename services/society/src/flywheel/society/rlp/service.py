@@ -479,7 +479,14 @@ class RlpService:
             async with self._sessions() as session:
                 sent = [{"config": p.config} for p in await buffer.proposals_of(session, step.step_id)]
             thoughts = thoughts_from_json(step.thoughts)
-            res = resolve(thoughts, sent, candidates, current_generation=current, finished=finished)
+            res = resolve(
+                thoughts,
+                sent,
+                candidates,
+                current_generation=current,
+                finished=finished,
+                step_generation=step.generation,
+            )
             if not res.ready:
                 continue
             await self._reward(step, society, space, thoughts, res, candidates, finished=finished)
