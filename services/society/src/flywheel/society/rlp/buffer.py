@@ -19,6 +19,10 @@ from flywheel.society.models import RlpExperienceRow, RlpPolicyRow, RlpProposalR
 THINKING, PROPOSED, REWARDED, FAILED = "thinking", "proposed", "rewarded", "failed"
 
 
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def step_id_for(run_id: str, generation: int) -> str:
     """Deterministic: the same (run, generation) is the same step on every replica."""
     return "rlp-" + hashlib.sha256(f"{run_id}\0{generation}".encode()).hexdigest()[:28]
@@ -55,7 +59,7 @@ async def claim_step(
         .on_conflict_do_nothing()
     )
     await session.commit()
-    return bool(done.rowcount)
+    return bool(_rowcount(done))
 
 
 async def fail_step(session: AsyncSession, step_id: str, reason: str, detail: str = "") -> None:
@@ -83,7 +87,7 @@ async def release_stale(session: AsyncSession, run_id: str, older_than_s: float)
         .values(state=FAILED, reason="abandoned", detail="the replica writing it stopped", resolved_at=func.now())
     )
     await session.commit()
-    return int(done.rowcount or 0)
+    return _rowcount(done)
 
 
 async def open_steps(session: AsyncSession, run_id: str, *, before_generation: int | None) -> list[RlpStepRow]:
@@ -144,7 +148,7 @@ async def add_experiences(session: AsyncSession, rows: Sequence[dict[str, Any]])
     if not rows:
         return 0
     done = await session.execute(insert(RlpExperienceRow).values(list(rows)).on_conflict_do_nothing())
-    return int(done.rowcount or 0)
+    return _rowcount(done)
 
 
 async def cap_buffer(session: AsyncSession, space_fingerprint: str, capacity: int) -> int:
@@ -162,7 +166,7 @@ async def cap_buffer(session: AsyncSession, space_fingerprint: str, capacity: in
             RlpExperienceRow.space_fingerprint == space_fingerprint, RlpExperienceRow.id <= newest_dropped
         )
     )
-    return int(done.rowcount or 0)
+    return _rowcount(done)
 
 
 async def buffer_size(session: AsyncSession, space_fingerprint: str) -> int:

@@ -92,15 +92,15 @@ def resolve(
     step's were in its context (their scores shown): a thought naming one is not rewarded for
     repeating what it was told."""
     medians = generation_medians(candidates)
-    by_key = {}
+    by_key: dict[str, Mapping[str, Any]] = {}
     for c in candidates:
         if int(c["generation"]) >= step_generation:
             by_key.setdefault(params_key(c.get("params") or {}), c)
     res = Resolution(ready=True)
     if not finished:
         for p in sent:
-            c = by_key.get(params_key(p["config"]))
-            if c is not None and int(c["generation"]) >= current_generation:
+            found = by_key.get(params_key(p["config"]))
+            if found is not None and int(found["generation"]) >= current_generation:
                 res.waiting.append(params_key(p["config"]))
         if res.waiting:
             res.ready = False
@@ -109,14 +109,14 @@ def resolve(
         seen: dict[str, float] = {}
         for p in thought.proposals:
             k = params_key(p.params)
-            c = by_key.get(k)
-            if c is None or int(c.get("cases", 0)) <= 0:
+            match = by_key.get(k)
+            if match is None or int(match.get("cases", 0)) <= 0:
                 continue
-            gen = int(c["generation"])
+            gen = int(match["generation"])
             if gen >= current_generation and not finished:
                 continue  # not sent by this step, and still being raced: not an outcome yet
-            res.observed[k] = Observed(float(c["score"]), gen, medians.get(gen), int(c["cases"]))
-            seen[p.key] = float(c["score"])
+            res.observed[k] = Observed(float(match["score"]), gen, medians.get(gen), int(match["cases"]))
+            seen[p.key] = float(match["score"])
         res.thoughts.append(seen)
     return res
 
