@@ -21,7 +21,8 @@ predicted score (and sigma) computed from that hypothesis alone:
   (then its first two), combined as in ``marginal``.
 - ``explore``: a combination of categorical values never shown, the one the additive model
   rates highest, other parameters from ``marginal``; predicted halfway between the overall mean
-  and the additive model (the combination's interaction is unknown), with a wider sigma.
+  and the additive model (the combination's interaction is unknown) but no higher than the
+  median shown score (the prompt shows only the best results), with a wider sigma.
 
 With G > 4 the hypotheses repeat with the next-ranked alternatives; proposals already shown in
 the history are skipped (the model cannot know about configs the prompt does not show). Every
@@ -196,6 +197,8 @@ class _Additive:
     def __init__(self, params: dict[str, dict], history: list[tuple[dict, float]], fixed: dict | None = None) -> None:
         self.params, self.fixed = params, fixed or {}
         self.mean = sum(s for _, s in history) / len(history)
+        ordered = sorted(s for _, s in history)
+        self.median = ordered[len(ordered) // 2]
         sums: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
         for p, s in history:
             for name in params:
@@ -219,8 +222,9 @@ class _Additive:
         return (sum(errors) / len(errors)) ** 0.5
 
     def untried(self, config: Mapping[str, Any]) -> float:
-        """For a combination never seen together: half the additive effect (the interaction is unknown)."""
-        return round(self.mean + 0.5 * (self.predict(config) - self.mean), 3)
+        """For a combination never seen together: half the additive effect (the interaction is
+        unknown), and no more than the median shown score (the shown results are the best ones)."""
+        return round(min(self.mean + 0.5 * (self.predict(config) - self.mean), self.median), 3)
 
     def ranked_values(self, name: str) -> list[Any]:
         if name in self.fixed:
