@@ -588,7 +588,9 @@ class RlpService:
             )
             for (sid, _, mean), adv in zip(per_step, gae_values, strict=True):
                 await buffer.set_step_gae(session, sid, mean, adv)
-            await buffer.cap_buffer(session, space, min(self._settings.buffer_size, rlp.buffer_size))
+            # The buffer is shared by every run on the space: its capacity is the operator's
+            # (FLYWHEEL_SOCIETY_BUFFER_SIZE), not one run's learning.rlp.buffer_size.
+            await buffer.cap_buffer(session, space, self._settings.buffer_size)
         log.info(
             "rlp step rewarded",
             step_id=step.step_id,
