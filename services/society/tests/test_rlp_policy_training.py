@@ -85,6 +85,11 @@ async def test_grpo_job_at_the_threshold_and_the_adapter_takes_over(sessions) ->
     assert data.columns == {"prompt", "outcome"} and len(data.train) + len(data.validation) == 2
     assert all(r["prompt"].startswith("<|system|>") and "Observed outcome" in r["outcome"] for r in data.train)
     check_rows("grpo", data.train, data.validation, min_samples=1)  # what the trainer checks at submission
+    from flywheel.core.run_policy import RunPolicySettings
+    from flywheel.trainer.jobs.spec import parse_job
+
+    job = parse_job(spec, policy=RunPolicySettings())  # the trainer's door: Invalid naming a field if refused
+    assert job.kind == "grpo" and job.hyperparameters["beta"] == 0.0
 
     # One job at a time: the next resolution adds experiences but submits nothing while it runs.
     runs.add(1, {"t": 1.0, "n": 512}, 0.95, origin="rlp")
