@@ -121,7 +121,9 @@ class RlpStats(_message.Message):
 
     @_builtins.property
     def reward_definitions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """How the rewards were computed: "logprobs", "prediction_gain" or "prediction_loglik"."""
+        """How the rewards were computed: "logprob_information_gain", "prediction_information_gain"
+        or "prediction_log_likelihood".
+        """
 
     def __init__(
         self,
