@@ -212,7 +212,7 @@ def test_rules_hold(rendered: Rendered, name: str) -> None:
 
 def test_hpa_for_stateless_services(rendered: Rendered) -> None:
     hpas = {h["spec"]["scaleTargetRef"]["name"] for h in kind(rendered.docs["production"], "HorizontalPodAutoscaler")}
-    assert {f"{FULL}-{s}" for s in ("optimizer", "trace-store", "reward-judge")} <= hpas
+    assert {f"{FULL}-{s}" for s in ("optimizer", "trace-store", "reward-judge", "society")} == hpas
     deployments = {d["metadata"]["name"]: d for d in kind(rendered.docs["production"], "Deployment")}
     assert all("replicas" not in deployments[h]["spec"] for h in hpas)
 

@@ -247,6 +247,10 @@ FLYWHEEL_NATS_TLS_CA_FILE: {{ printf "/etc/flywheel/nats-ca/%s" $v.nats.tls.caKe
 {{- end }}
 {{- if $s.db }}
 FLYWHEEL_DB_SCHEMA: {{ $v.database.schema | quote }}
+{{- if $v.database.tls.caSecret }}
+# asyncpg verifies the server against this CA (with ssl=verify-full in the URL).
+PGSSLROOTCERT: {{ printf "/etc/flywheel/db-ca/%s" $v.database.tls.caKey | quote }}
+{{- end }}
 {{- end }}
 {{- if $s.s3 }}
 FLYWHEEL_S3_ENDPOINT: {{ $v.s3.endpoint | quote }}
