@@ -82,6 +82,11 @@ def parse_run_society(run_config: dict[str, Any]) -> RunSociety:
         else:
             raise RunSocietyError(f"society.learning.{key}: not an RLPConfig or SAOConfig field")
     rlp_fields.setdefault("rlp_enabled", bool(learning.get("rlp_enabled", False)))
+    if "buffer_size" in rlp_fields:
+        warnings.append(
+            "society.learning.rlp.buffer_size: not read per run; the experience buffer is shared by the runs "
+            "of a search space and sized by the society (FLYWHEEL_SOCIETY_BUFFER_SIZE)"
+        )
     llm = block.get("llm") or {}
     if not isinstance(llm, dict):
         raise RunSocietyError("society.llm: must be a mapping")
