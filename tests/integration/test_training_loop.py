@@ -3,7 +3,9 @@ trace store, trainer; NATS, PostgreSQL, S3): a product's decisions, traces and f
 the trace store's preference export → a DPO job (tiny model, LoRA) → policy v1 in the
 registry, enrolled as a canary arm of the endpoint → promoted by the bandit when feedback
 favours it, and the registry follows (v1 active). Then a second run whose feedback disfavours
-v2: the bandit retires its arm, the registry rolls v2 back and v1 stays the active version."""
+v2: the bandit retires its arm, the registry rolls v2 back and v1 stays the active version.
+The optimizer and trainer are the session's (``warm_trainer``: torch imported once for every
+job test); the endpoint, agent and policy name are this test's alone."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from flywheel.sdk import FlywheelClient
 from flywheel.sdk.tracing import Tracer, prompt, trace
 
 from .helpers import eventually
-from .trainer_jobs import CITIES, COUNTRIES, s3, wait_job
+from .trainer_jobs import CITIES, COUNTRIES, s3, session_optimizer, wait_job, warm_trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -104,19 +106,19 @@ async def train_canary(trainer_stub, store_stub, name: str) -> jobs.Policy:
     return policy
 
 
-async def test_feedback_to_trained_canary_promoted_then_a_worse_one_rolled_back(launch, product_env, tmp_path):
-    optimizer = launch("optimizer")
+async def test_feedback_to_trained_canary_promoted_then_a_worse_one_rolled_back(launch_session):
+    launch = launch_session
+    trainer = warm_trainer(launch)  # follows canaries on the session's optimizer
+    optimizer = session_optimizer(launch)
     store = launch("trace_store")
-    trainer = launch(
-        "trainer",
-        env={
-            "FLYWHEEL_TRAINER_OPTIMIZER_ADDRESS": optimizer.address,
-            "FLYWHEEL_TRAINER_CANARY_FOLLOW_S": "0.5",
-            "FLYWHEEL_TRAINER_WORK_DIR": str(tmp_path / "trainer"),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        },
-    )
+    try:
+        await feedback_to_canaries(launch, optimizer, store, trainer)
+    finally:
+        store.stop()
+
+
+async def feedback_to_canaries(launch, optimizer, store, trainer) -> None:
+    product_env = launch.servers.env(**launch.isolation, nats_role="product")
     ns = launch.isolation["namespace"]
     tracer = Tracer(
         nats_url=product_env["FLYWHEEL_NATS_URL"],

@@ -122,23 +122,41 @@ async def refused(call: Any, *words: str) -> str:
 
 
 # The session's job-running trainer (see ``warm_trainer``): fast polling and a short ack wait so
-# cancels and kill -9 hand-overs happen in seconds, and a small held-out evaluation.
+# cancels and kill -9 hand-overs happen in seconds, a small held-out evaluation, and canary
+# versions followed every second (jobs naming an endpoint enrol on the session's optimizer).
 WARM_TRAINER_ENV = {
     "FLYWHEEL_TRAINER_ACK_WAIT_S": "4",
     "FLYWHEEL_TRAINER_CANCEL_POLL_S": "0.3",
     "FLYWHEEL_TRAINER_EVAL_MAX_SAMPLES": "4",
     "FLYWHEEL_TRAINER_EVAL_MAX_NEW_TOKENS": "8",
+    "FLYWHEEL_TRAINER_CANARY_FOLLOW_S": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
-_warm: dict[int, ServiceProcess] = {}
+_warm: dict[tuple[int, str], ServiceProcess] = {}
 _replicas = itertools.count(1)
 
 
+def _alive(proc: ServiceProcess | None) -> bool:
+    return proc is not None and proc.pid is not None and process_alive(proc.pid)
+
+
+def session_optimizer(launcher: Launcher) -> ServiceProcess:
+    """The optimizer of ``launcher`` (``launch_session``) the warm trainer enrols canaries on;
+    started on first use."""
+    proc = _warm.get((id(launcher), "optimizer"))
+    if not _alive(proc):
+        proc = launcher("optimizer")
+        _warm[(id(launcher), "optimizer")] = proc
+    return proc  # type: ignore[return-value]
+
+
 def trainer_env(launcher: Launcher, replica: str) -> dict[str, str]:
-    """A job-running trainer's variables (``WARM_TRAINER_ENV``) as replica ``replica``."""
+    """A job-running trainer's variables (``WARM_TRAINER_ENV``, the session's optimizer) as
+    replica ``replica``."""
     return {
         **WARM_TRAINER_ENV,
+        "FLYWHEEL_TRAINER_OPTIMIZER_ADDRESS": session_optimizer(launcher).address,
         "FLYWHEEL_TRAINER_REPLICA_ID": replica,
         "FLYWHEEL_TRAINER_WORK_DIR": str(launcher.log_dir / f"work-{replica}"),
     }
@@ -148,18 +166,18 @@ def warm_trainer(launcher: Launcher) -> ServiceProcess:
     """The job-running trainer of ``launcher`` (``launch_session``), started on first use and
     again if a test killed it: its first job pays for importing torch, transformers and TRL
     (about half a minute on CI), the jobs of every later test do not. Tests using it share its
-    schema and queue, so they use names of their own and compare job lists before/after."""
-    proc = _warm.get(id(launcher))
-    if proc is None or proc.pid is None or not process_alive(proc.pid):
+    schema, queue and optimizer, so they use names of their own and compare lists before/after."""
+    proc = _warm.get((id(launcher), "trainer"))
+    if not _alive(proc):
         proc = launcher("trainer", env=trainer_env(launcher, f"warm-{next(_replicas)}"))
-        _warm[id(launcher)] = proc
-    return proc
+        _warm[(id(launcher), "trainer")] = proc
+    return proc  # type: ignore[return-value]
 
 
 def adopt_warm_trainer(launcher: Launcher, proc: ServiceProcess) -> None:
     """``proc`` (a trainer of ``launcher``, e.g. the replica that took over from a killed one)
     is the warm trainer from now on."""
-    _warm[id(launcher)] = proc
+    _warm[(id(launcher), "trainer")] = proc
 
 
 def replica_of(proc: ServiceProcess) -> str:
