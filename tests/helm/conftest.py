@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def config_cases(
 
 
 @pytest.fixture(scope="session")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rendered]:
     if not helm_binary():
         pytest.skip("helm is not installed here: `bash scripts/setup.sh` extracts it into .tools/bin (CI runs it)")
     tmp = tmp_path_factory.mktemp("chart")
@@ -137,6 +138,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     proc.stdin.write(json.dumps(cases))
     proc.stdin.close()
     proc.stdin = None  # communicate() must not flush a closed stdin
-    return Rendered(
+    found = Rendered(
         docs=docs, secrets=secrets, scan_dir=scan_dir, checkov=checkov, config_cases=cases, config_proc=proc
     )
+    yield found
+    # Not waited for when only some tests ran: stop them rather than leave them running.
+    for p in (checkov, proc):
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.communicate()

@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 from kubernetes_validate import utils as kv_utils
 
 from flywheel.api.subjects import ROLES
@@ -326,3 +327,16 @@ def test_nats_users_equal_role_permissions(rendered: Rendered, name: str, namesp
     users = json.loads(cm["data"]["nats-users.json"])
     assert users == {"authorization": {"users": chart_users(namespace)}}
     assert {u["user"] for u in users["authorization"]["users"]} == {r for r, s in ROLES.items() if s.uses_bus}
+
+
+def test_images_default_to_app_version_or_digest(rendered: Rendered) -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+    def image(name: str, comp: str) -> str:
+        return named(rendered.docs[name], "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    assert image("minimal", "trace-store") == f"ghcr.io/flywheel/flywheel-trace-store:{app_version}"
+    assert image("production", "society") == "registry.example.com/flywheel/flywheel-society:0.1.0"
+    digest = load_values("production")["optimizer"]["image"]["digest"]
+    assert image("production", "optimizer") == f"registry.example.com/flywheel/flywheel-optimizer@{digest}"
+    assert image("gpu-keda", "trainer-worker") == image("gpu-keda", "trainer")
