@@ -1,18 +1,17 @@
 """The model server as a real process (``python -m flywheel.modelserver --model tiny``):
 ``POST /v1/completions`` with ``echo``, ``logprobs`` and vLLM's ``prompt_logprobs`` scores the
 prompt exactly as a direct transformers forward pass over the same weights; the echoed tokens
-are the prompt's; a bad request gets OpenAI's error body."""
+are the prompt's; a bad request gets OpenAI's error body. The process is the session's tiny
+server (lora_session.py: runtime LoRA loading on, which the base model's answers do not see)."""
 
 from __future__ import annotations
-
-import shutil
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from flywheel.stack.servers import ModelServer
-from flywheel.stack.testing import server_root
+
+from .lora_session import lora_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -20,15 +19,9 @@ PROMPT = "Run history: temperature 0.7 scored 0.85.\nObserved outcome:\n- temper
 
 
 @pytest.fixture(scope="module")
-def tiny_server() -> Iterator[ModelServer]:
-    root = server_root("modelserver-tiny")
-    server = ModelServer(root, model="tiny")
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+def tiny_server(session_stack, servers, tmp_path_factory) -> ModelServer:
+    """The session's tiny model server (runtime LoRA on, nothing loaded: the base answers)."""
+    return lora_session(session_stack, servers, tmp_path_factory).server
 
 
 def complete(server: ModelServer, body: dict) -> httpx.Response:

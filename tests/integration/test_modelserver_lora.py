@@ -3,12 +3,11 @@ the trainer's training library on the tiny base is loaded while the server runs,
 local folder and from an S3 prefix on the stack's SeaweedFS, listed in /v1/models, answers
 chat completions by its name (through LiteLLM, as products call it) differently from the
 base model, and is unloaded again; loads from elsewhere, without the key, or beyond
---max-loras are refused with OpenAI error bodies."""
+--max-loras are refused with OpenAI error bodies. The server is the session's (lora_session.py),
+shared with the canary tests, which leave no adapter loaded."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,8 @@ import pytest
 
 from flywheel.modelserver.loading import TINY_NAME
 
-from .runtime_lora import RuntimeLoraServer, new_bucket, train_adapter, upload_folder
+from .lora_session import LoraSession, lora_session
+from .runtime_lora import RuntimeLoraServer, upload_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -25,30 +25,29 @@ QUESTION = [{"role": "user", "content": "Capital of France? Answer with the city
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_adapter(tmp_path_factory.mktemp("trained"))
+def shared(session_stack, servers, tmp_path_factory: pytest.TempPathFactory) -> LoraSession:
+    return lora_session(session_stack, servers, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def bucket(servers) -> str:
-    return new_bucket(servers.env())
+def adapter(shared: LoraSession) -> Path:
+    return shared.adapter
 
 
 @pytest.fixture(scope="module")
-def lora_root(tmp_path_factory: pytest.TempPathFactory, adapter: Path) -> Path:
-    root = tmp_path_factory.mktemp("lora-root")
-    shutil.copytree(adapter, root / "support-sft")
-    return root
+def bucket(shared: LoraSession) -> str:
+    return shared.bucket
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, servers, lora_root: Path, bucket: str) -> Iterator[RuntimeLoraServer]:
-    proc = RuntimeLoraServer(
-        tmp_path_factory.mktemp("modelserver"), roots=[lora_root], buckets=[bucket], s3_env=servers.env(), max_loras=2
-    )
-    proc.start()
-    yield proc
-    proc.stop()
+def lora_root(shared: LoraSession, adapter: Path) -> Path:
+    return shared.lora_root  # the adapter is under it as support-sft
+
+
+@pytest.fixture(scope="module")
+def server(shared: LoraSession) -> RuntimeLoraServer:
+    """The session's runtime-LoRA server (--max-loras 2; shared with the canary tests)."""
+    return shared.server
 
 
 def post(server: RuntimeLoraServer, path: str, body: dict, *, key: str | None = None) -> httpx.Response:

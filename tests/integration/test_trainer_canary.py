@@ -9,7 +9,7 @@ servers refuse name the problem (an adapter the model server cannot find fails t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -41,7 +41,8 @@ from flywheel.trainer.registry.models import PolicyRow
 from flywheel.trainer.registry.rules import Status
 
 from .helpers import collect, eventually
-from .runtime_lora import RuntimeLoraServer, new_bucket, train_adapter, upload_folder
+from .lora_session import LoraSession, lora_session
+from .runtime_lora import RuntimeLoraServer, upload_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -49,21 +50,20 @@ ENDPOINT = "support"
 
 
 @pytest.fixture(scope="module")
-def adapter_uri(tmp_path_factory: pytest.TempPathFactory, servers) -> tuple[str, str]:
-    """(bucket, s3:// prefix) of an adapter trained on the tiny base, as a job leaves it."""
-    adapter = train_adapter(tmp_path_factory.mktemp("trained"))
-    bucket = new_bucket(servers.env())
-    return bucket, upload_folder(servers.env(), bucket, "policies/adapter", adapter)
+def shared(session_stack, servers, tmp_path_factory: pytest.TempPathFactory) -> LoraSession:
+    """The session's runtime-LoRA model server (shared with test_modelserver_lora.py)."""
+    return lora_session(session_stack, servers, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def model_server(tmp_path_factory, servers, adapter_uri) -> Iterator[RuntimeLoraServer]:
-    proc = RuntimeLoraServer(
-        tmp_path_factory.mktemp("modelserver"), roots=[], buckets=[adapter_uri[0]], s3_env=servers.env()
-    )
-    proc.start()
-    yield proc
-    proc.stop()
+def adapter_uri(shared: LoraSession, servers) -> tuple[str, str]:
+    """(bucket, s3:// prefix) of an adapter trained on the tiny base, as a job leaves it."""
+    return shared.bucket, upload_folder(servers.env(), shared.bucket, "policies/canary/adapter", shared.adapter)
+
+
+@pytest.fixture(scope="module")
+def model_server(shared: LoraSession) -> RuntimeLoraServer:
+    return shared.server
 
 
 @dataclass

@@ -7,6 +7,7 @@ servers without seeing each other's subjects, tables or objects.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -120,6 +121,14 @@ def launch_session(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -
     launcher = Launcher(servers, new_isolation(), tmp_path_factory.mktemp("session-services"))
     yield launcher
     launcher.stop_all()
+
+
+@pytest.fixture(scope="session")
+def session_stack() -> Iterator[contextlib.ExitStack]:
+    """An ExitStack closed when the session ends, for a process several modules share that
+    none of them can stop (the first test needing it starts it and pushes its ``stop``)."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 @pytest.fixture
