@@ -69,30 +69,31 @@ def grpo(rewards, **overrides) -> TrainSpec:
     return TrainSpec(**fields)
 
 
-@pytest.mark.parametrize("rank", [False, True])
-def test_the_judge_scores_grpo_completions(judge_process, tmp_path, rank: bool) -> None:
+def test_the_judge_scores_grpo_completions(judge_process, tmp_path) -> None:
+    # Score and Rank side by side in one run (one training instead of one per mode).
     client = JudgeClient(judge_process.address, timeout_s=30)
-    (reward,) = build_rewards(
-        [RewardSourceSpec(judge_rubric="", judge_rank=rank)],
+    score, rank = build_rewards(
+        [RewardSourceSpec(judge_rubric="", judge_rank=False), RewardSourceSpec(judge_rubric="", judge_rank=True)],
         judge=client,
         policy=RunPolicySettings(),
         base_model="tiny",  # num_generations left at its default (4): train() sets the spec's (2)
     )
-    judge = reward.fn
-    assert isinstance(judge, JudgeReward)
-    result = train(grpo([reward]), ROWS, tmp_path)
+    judges = {False: score.fn, True: rank.fn}
+    assert all(isinstance(judge, JudgeReward) for judge in judges.values())
+    result = train(grpo([score, rank]), ROWS, tmp_path)
 
     assert result.global_step == 1 and result.reward and math.isfinite(result.reward[-1]["value"])
-    assert judge.failures == 0, judge.last_error
-    # 2 prompts x 2 completions: four Score calls, or one Rank call per group of two.
-    assert judge.calls == (2 if rank else 4)
     assert result.groups == 2
+    for is_rank, judge in judges.items():
+        assert judge.failures == 0, judge.last_error
+        # 2 prompts x 2 completions: four Score calls, or one Rank call per group of two.
+        assert judge.calls == (2 if is_rank else 4), (is_rank, judge.calls)
 
-    # The heuristic tells a structured, relevant answer from a bare one. (A new event loop: the
-    # client reconnects, its channel having been made on the trainer's.)
-    good = "Sleep matters because the body repairs itself.\n\n- memory consolidates\n- mood steadies"
-    scores = asyncio.run(judge(prompts=[ROWS[0]["prompt"]] * 2, completions=[good, "no"]))
-    assert all(s is not None and 0 <= s <= 1 for s in scores) and scores[0] > scores[1], scores
+        # The heuristic tells a structured, relevant answer from a bare one. (A new event loop:
+        # the client reconnects, its channel having been made on the trainer's.)
+        good = "Sleep matters because the body repairs itself.\n\n- memory consolidates\n- mood steadies"
+        scores = asyncio.run(judge(prompts=[ROWS[0]["prompt"]] * 2, completions=[good, "no"]))
+        assert all(s is not None and 0 <= s <= 1 for s in scores) and scores[0] > scores[1], (is_rank, scores)
 
 
 def test_a_judge_that_is_down_leaves_rewards_missing_not_zero(judge_process, tmp_path) -> None:
