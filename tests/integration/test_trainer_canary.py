@@ -47,6 +47,8 @@ from .runtime_lora import RuntimeLoraServer, upload_folder
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 ENDPOINT = "support"
+ENDPOINT_B = "support-b"  # the second test's: the tests share the module's optimizer
+_migrated: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +94,21 @@ class Registry:
             return await service.get_policy(session, policy_id=policy_id)
 
 
+@pytest.fixture(scope="module")
+def optimizer(launch_module):
+    """The module's optimizer (one process for both tests, each with its own endpoint)."""
+    return launch_module("optimizer", env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3"})
+
+
 @pytest.fixture
-async def registry(launch, nats_client, monkeypatch) -> AsyncIterator[Registry]:
-    """The trainer's registry tables in this test's schema, used in process."""
+async def registry(launch_module, nats_client, monkeypatch) -> AsyncIterator[Registry]:
+    """The trainer's registry tables in the module's schema, used in process (the tests use
+    policy names of their own)."""
+    launch = launch_module
     env = launch.servers.service_env("trainer", **launch.isolation)
-    migrate("trainer", env)
+    if env["FLYWHEEL_DB_SCHEMA"] not in _migrated:
+        migrate("trainer", env)
+        _migrated.add(env["FLYWHEEL_DB_SCHEMA"])
     monkeypatch.setenv("FLYWHEEL_DB_URL", env["FLYWHEEL_DB_URL"])
     monkeypatch.setenv("FLYWHEEL_DB_SCHEMA", env["FLYWHEEL_DB_SCHEMA"])
     engine = db.create_engine(DatabaseSettings())  # type: ignore[call-arg]
@@ -107,7 +119,7 @@ async def registry(launch, nats_client, monkeypatch) -> AsyncIterator[Registry]:
     await engine.dispose()
 
 
-def endpoint_request(model_server: RuntimeLoraServer) -> admin_pb.CreateEndpointRequest:
+def endpoint_request(model_server: RuntimeLoraServer, endpoint: str = ENDPOINT) -> admin_pb.CreateEndpointRequest:
     params = Struct()
     params.update({"model": "openai/tiny-random", "api_base": model_server.url, "temperature": 0})
     policy = ep_pb.PolicySpec(
@@ -115,24 +127,33 @@ def endpoint_request(model_server: RuntimeLoraServer) -> admin_pb.CreateEndpoint
         canary=ep_pb.CanaryRule(min_pulls=5, promote_probability=0.9, retire_probability=0.1),
     )
     arm = ep_pb.Arm(arm_id="base", params=params, status=ep_pb.ARM_STATUS_ACTIVE)
-    return admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name=ENDPOINT, arms=[arm], policy=policy))
+    return admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name=endpoint, arms=[arm], policy=policy))
 
 
-async def drive(fw: FlywheelClient, admin, arm_id: str, *, canary_reward: float, until: int, tries: int = 300) -> None:
+async def drive(
+    fw: FlywheelClient,
+    admin,
+    arm_id: str,
+    *,
+    canary_reward: float,
+    until: int,
+    tries: int = 300,
+    endpoint: str = ENDPOINT,
+) -> None:
     """Select and reward (the canary ``canary_reward``, the base arm the opposite) until the
     optimizer gives the canary arm the status ``until``."""
     for i in range(tries):
-        decision = await fw.select(ENDPOINT, user_id=f"u{i}")
+        decision = await fw.select(endpoint, user_id=f"u{i}")
         await fw.update(decision, reward=canary_reward if decision.arm_id == arm_id else 1 - canary_reward)
         if i % 5 == 4:
-            found = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name=ENDPOINT))
+            found = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name=endpoint))
             if next(a for a in found.endpoint.arms if a.arm_id == arm_id).status == until:
                 return
     raise AssertionError(f"arm {arm_id} did not reach {ep_pb.ArmStatus.Name(until)} in {tries} decisions")
 
 
-async def arm(admin, arm_id: str) -> ep_pb.Arm:
-    found = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name=ENDPOINT))
+async def arm(admin, arm_id: str, endpoint: str = ENDPOINT) -> ep_pb.Arm:
+    found = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name=endpoint))
     return next(a for a in found.endpoint.arms if a.arm_id == arm_id)
 
 
@@ -148,9 +169,8 @@ def links(optimizer, model_server: RuntimeLoraServer) -> Links:
 
 
 async def test_a_better_canary_is_promoted_and_the_registry_follows(
-    launch, registry, model_server, adapter_uri, nats_client
+    launch_module, optimizer, registry, model_server, adapter_uri, nats_client
 ):
-    optimizer = launch("optimizer", env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3"})
     name = "support-a"
     async with grpc.aio.insecure_channel(optimizer.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
@@ -214,7 +234,7 @@ async def test_a_better_canary_is_promoted_and_the_registry_follows(
         assert "support-a-v2" not in served(model_server)  # its adapter unloaded
         await canaries.close()
 
-    ns = launch.isolation["namespace"]
+    ns = launch_module.isolation["namespace"]
     events = await collect(
         nats_client.jetstream(),
         Catalogue(ns).policy_changed(name),
@@ -236,22 +256,21 @@ async def test_a_better_canary_is_promoted_and_the_registry_follows(
     assert events[3].policy.arm_id == arm_id and events[3].policy.served_model == "support-a-v2"
 
 
-async def test_a_worse_canary_is_retired_and_rolled_back(launch, registry, model_server, adapter_uri):
-    optimizer = launch("optimizer", env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3"})
+async def test_a_worse_canary_is_retired_and_rolled_back(optimizer, registry, model_server, adapter_uri):
     name = "support-b"
     async with grpc.aio.insecure_channel(optimizer.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
-        await admin.CreateEndpoint(endpoint_request(model_server))
+        await admin.CreateEndpoint(endpoint_request(model_server, ENDPOINT_B))
         v1 = await registry.register(name, "s3://elsewhere/v1")
         await registry.promote(v1.policy_id)
         v2 = await registry.register(name, adapter_uri[1])
         canaries = Canaries(registry.sessions, registry.events, links(optimizer, model_server))
-        arm_id = await canaries.enrol(policy_id=v2.policy_id, endpoint=ENDPOINT, traffic_cap=0, actor="job-2")
-        assert (await arm(admin, arm_id)).traffic_cap == pytest.approx(0.1)  # 0: the default cap
+        arm_id = await canaries.enrol(policy_id=v2.policy_id, endpoint=ENDPOINT_B, traffic_cap=0, actor="job-2")
+        assert (await arm(admin, arm_id, ENDPOINT_B)).traffic_cap == pytest.approx(0.1)  # 0: the default cap
         assert "support-b-v2" in served(model_server)
 
         async with FlywheelClient(target=optimizer.address) as fw:
-            await drive(fw, admin, arm_id, canary_reward=0.0, until=ep_pb.ARM_STATUS_RETIRED)
+            await drive(fw, admin, arm_id, canary_reward=0.0, until=ep_pb.ARM_STATUS_RETIRED, endpoint=ENDPOINT_B)
 
         followed = await eventually(canaries.follow_once, lambda f: bool(f), timeout_s=5)
         assert [(f.policy_id, f.status) for f in followed] == [(v2.policy_id, Status.ROLLED_BACK)]
@@ -265,12 +284,12 @@ async def test_a_worse_canary_is_retired_and_rolled_back(launch, registry, model
         with pytest.raises(NotFound, match="endpoint: no optimizer endpoint 'nowhere'"):
             await canaries.enrol(policy_id=v3.policy_id, endpoint="nowhere", traffic_cap=0.1, actor="t")
         with pytest.raises(Invalid, match="traffic_cap"):
-            await canaries.enrol(policy_id=v3.policy_id, endpoint=ENDPOINT, traffic_cap=1.5, actor="t")
+            await canaries.enrol(policy_id=v3.policy_id, endpoint=ENDPOINT_B, traffic_cap=1.5, actor="t")
         with pytest.raises(FailedPrecondition, match="rule: transition"):  # rolled back is final
-            await canaries.enrol(policy_id=v2.policy_id, endpoint=ENDPOINT, traffic_cap=0.1, actor="t")
+            await canaries.enrol(policy_id=v2.policy_id, endpoint=ENDPOINT_B, traffic_cap=0.1, actor="t")
         # An adapter the model server cannot find: the version is marked FAILED, saying why.
         missing = await registry.register(name, f"s3://{adapter_uri[0]}/no/such/adapter")
         with pytest.raises(FailedPrecondition, match=r"no adapter_config\.json"):
-            await canaries.enrol(policy_id=missing.policy_id, endpoint=ENDPOINT, traffic_cap=0.1, actor="t")
+            await canaries.enrol(policy_id=missing.policy_id, endpoint=ENDPOINT_B, traffic_cap=0.1, actor="t")
         assert (await registry.get(missing.policy_id)).status == Status.FAILED
         await canaries.close()
