@@ -21,15 +21,11 @@ from flywheel.core.lifecycle import ServiceParts
 from flywheel.society import metrics
 from flywheel.society.clients import OptimizerRuns, TrainerJobs
 from flywheel.society.grpc_api import SocietyServicer
+from flywheel.society.rlp.service import RlpService
 from flywheel.society.sao.llm import LiteLlm, Llm
 from flywheel.society.sao.service import SaoRounds
 from flywheel.society.sao.traces import TracePrompts
 from flywheel.society.settings import SocietySettings
-
-try:  # RLP (helper H2's module): the society serves SAO and stats without it
-    from flywheel.society.rlp.service import RlpService
-except ImportError:  # pragma: no cover - only while rlp/service.py is absent
-    RlpService = None  # type: ignore[assignment,misc]
 
 NAME = "society"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -106,30 +102,29 @@ async def build(settings: SocietySettings, parts: ServiceParts) -> None:
     parts.background += [rounds.work_forever] * settings.sao_concurrency
     parts.background.append(rounds.sweep_forever)
 
-    if RlpService is not None:
-        rlp = RlpService(
-            settings=settings,
-            sessions=database.sessions,
-            publisher=bus.publisher,
+    rlp = RlpService(
+        settings=settings,
+        sessions=database.sessions,
+        publisher=bus.publisher,
+        catalogue=bus.catalogue,
+        runs=runs,
+        trainer=trainer,
+        objects=objects,
+        start_sao=rounds.start_for_run,
+    )
+    spec = bus.catalogue.consumer(RUN_PROGRESS)
+    parts.consumers.append(
+        WorkQueueConsumer(
+            concurrency=RLP_CONCURRENCY,
+            heartbeat_s=spec.ack_wait.total_seconds() / 3,
+            js=bus.js,
             catalogue=bus.catalogue,
-            runs=runs,
-            trainer=trainer,
-            objects=objects,
-            start_sao=rounds.start_for_run,
+            spec=spec,
+            message_type=RunProgressEvent,
+            handler=rlp.on_progress,
         )
-        spec = bus.catalogue.consumer(RUN_PROGRESS)
-        parts.consumers.append(
-            WorkQueueConsumer(
-                concurrency=RLP_CONCURRENCY,
-                heartbeat_s=spec.ack_wait.total_seconds() / 3,
-                js=bus.js,
-                catalogue=bus.catalogue,
-                spec=spec,
-                message_type=RunProgressEvent,
-                handler=rlp.on_progress,
-            )
-        )
-        parts.background += list(getattr(rlp, "tasks", []))
+    )
+    parts.background += rlp.tasks
 
     async def refresh_metrics() -> None:
         await metrics.refresh_forever(database.sessions)

@@ -1,5 +1,5 @@
 """GetStats: SAO's figures from ``sao_datasets`` and ``sao_rounds``, RLP's from
-``flywheel.society.rlp.stats`` (when present), in one GetStatsResponse.
+``flywheel.society.rlp.stats``, in one GetStatsResponse.
 
 SAO figures, over every SAO round recorded (rounds older than the retention go with their rows):
 
@@ -22,11 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from flywheel.api.society.v1 import society_service_pb2 as pb
 from flywheel.society.models import SaoDatasetRow, SaoRoundRow
-
-try:  # RLP's figures (helper H2's module); the service answers without them until it lands
-    from flywheel.society.rlp.stats import rlp_stats
-except ImportError:  # pragma: no cover - only while rlp/stats.py is absent
-    rlp_stats = None  # type: ignore[assignment]
+from flywheel.society.rlp.stats import rlp_stats
 
 # Round records read for the SAO figures (the newest first).
 MAX_ROUNDS = 10_000
@@ -101,5 +97,5 @@ async def sao_stats(session: AsyncSession) -> pb.SaoStats:
 
 async def get_stats(session: AsyncSession, *, run_id: str) -> pb.GetStatsResponse:
     """GetStats: RLP's figures (one run's, or every run's for ``run_id`` "") and SAO's."""
-    rlp = await rlp_stats(session, run_id or None) if rlp_stats is not None else pb.RlpStats()
+    rlp = await rlp_stats(session, run_id or None)
     return pb.GetStatsResponse(rlp=rlp, sao=await sao_stats(session))
