@@ -419,7 +419,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         return
     judges = result["figures"]["judges"]
     names = list(judges)
-    fig, ax = plt.subplots(figsize=(6.4, 2.2 + 0.5 * len(names)))
+    fig, ax = plt.subplots(figsize=(6.4, 2.5 + 0.5 * len(names)))
     for i, name in enumerate(names):
         j = judges[name]
         left = 0
@@ -448,7 +448,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         f" ({'quick' if result['params']['quick'] else 'full'})",
         fontsize=9,
     )
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=7, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
