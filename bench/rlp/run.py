@@ -39,6 +39,7 @@ import asyncio
 import csv
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
@@ -54,15 +55,16 @@ from typing import Any
 import numpy as np
 
 from flywheel.optimizer.search import CATEGORICAL, CONTINUOUS, DISCRETE, Param, Search, SearchSettings, SearchSpace
-from flywheel.society.rlp import RLPConfig, ScoringError, Thought, build_prompt, group_advantages, parse_thoughts
-from flywheel.society.rlp.information_gain import config_key
+from flywheel.society.rlp import RLPConfig, ScoringError, Thought, group_advantages, parse_thoughts
+from flywheel.society.rlp.context import build_context
+from flywheel.society.rlp.information_gain import config_key, render_outcome
 from flywheel.society.rlp.propose import choose_proposals, read_space, validate_params
 from flywheel.society.rlp.reward import thought_reward
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from scripted import FEW_SHOT_HEADER, ScriptedReasoner  # noqa: E402
+from scripted import OPENINGS, ScriptedReasoner  # noqa: E402
 
 TABLE = ROOT / "bench" / "llm-config" / "table.csv"
 RESULTS = ROOT / "bench" / "results" / "rlp.json"
@@ -139,7 +141,8 @@ class RlpStep:
     def __init__(self, search: Search, table: Table, args: argparse.Namespace, model: Any) -> None:
         self.search, self.table, self.model = search, table, model
         self.k, self.max_history, self.few_shot = args.k, args.max_history, args.few_shot
-        self.buffer: list[tuple[float, str]] = []  # (reward, thought): this run's experiences
+        self.rank = args.rank
+        self.buffer: list[tuple[float, str, str]] = []  # (reward, thought, outcome): this run's experiences
         self.config = RLPConfig(
             rlp_enabled=True,
             use_logprobs=False,
@@ -163,19 +166,23 @@ class RlpStep:
         history = self.history()
         if not history:
             return
-        messages = build_prompt(
+        # the society's few-shot examples (buffer.few_shot): the best-rewarded distinct thoughts
+        # of this run so far with what happened, shown as the service shows them (build_context)
+        examples, texts = [], set()
+        for _, text, outcome in sorted(self.buffer, key=lambda e: -e[0]):
+            if len(examples) == self.few_shot:
+                break
+            if text not in texts:
+                texts.add(text)
+                examples.append({"thought": text, "outcome": outcome})
+        messages, _ = build_context(
             history=history,
             search_space=self.space["parameters"],
             n_thoughts=self.config.num_thoughts,
             proposals_per_thought=self.config.proposals_per_thought,
+            examples=examples,
             max_history=self.max_history,
         )
-        if self.few_shot and self.buffer:
-            # the society's few-shot examples: the best-rewarded thoughts so far
-            best = sorted(self.buffer, key=lambda e: -e[0])[: self.few_shot]
-            messages[1]["content"] += "\n\n" + "\n".join(
-                [FEW_SHOT_HEADER, *(f"- reward {r:.3f}: {text}" for r, text in best)]
-            )
         answer = self.model.complete(messages)
         parsed = parse_thoughts(answer, max_thoughts=self.config.num_thoughts)
         step: dict[str, Any] = {
@@ -189,7 +196,12 @@ class RlpStep:
         if not parsed.ok:
             return
         seen = {config_key(c.config) for c in self.search.candidates.values()}
-        chosen = choose_proposals(parsed, seen=seen, space=self.space, k=self.k)
+        if self.rank == "predicted":
+            chosen = choose_proposals(parsed, seen=seen, space=self.space, k=self.k)
+        else:  # tuning only: every valid new proposal, re-ranked by expected improvement
+            every = choose_proposals(parsed, seen=seen, space=self.space, k=10_000)
+            best = max(h["score"] for h in history) if self.rank == "ei-best" else None
+            chosen = rank_by_ei(every, self.k, best)
         ids = self.search.inject([dict(p.params) for _, p in chosen], origin="rlp") if chosen else []
         step["proposals"] = [
             {"thought": i, "candidate_id": cid, "predicted": p.predicted_score}
@@ -251,7 +263,7 @@ class RlpStep:
                     )
                 )
                 rewards.append(gain.reward)
-                self.buffer.append((gain.reward, thought.text))
+                self.buffer.append((gain.reward, thought.text, render_outcome(observed)))
                 step["definition"] = gain.definition
             except ScoringError:
                 rewards.append(None)  # nothing this thought predicted was evaluated
@@ -260,13 +272,36 @@ class RlpStep:
         step["advantages"] = group_advantages(scored) if len(scored) >= 2 else []
 
 
+def rank_by_ei(chosen: list[tuple[int, Any]], k: int, incumbent: float | None) -> list[tuple[int, Any]]:
+    """The k proposals with the highest expected improvement over ``incumbent`` (None: the best
+    predicted score among them), sigma 0.1 where none is stated."""
+    if not chosen:
+        return []
+    tau = max(p.predicted_score for _, p in chosen) if incumbent is None else incumbent
+
+    def ei(p: Any) -> float:
+        s = p.sigma or 0.1
+        z = (p.predicted_score - tau) / s
+        return s * (math.exp(-z * z / 2) / math.sqrt(2 * math.pi)) + (p.predicted_score - tau) * 0.5 * math.erfc(
+            -z / math.sqrt(2)
+        )
+
+    return sorted(chosen, key=lambda row: -ei(row[1]))[:k]
+
+
 def run_arm(table: Table, seed: int, rlp: bool, args: argparse.Namespace) -> dict[str, Any]:
     search = Search(
         table.space(),
         table.cases,
         SearchSettings(**FLYWHEEL, racing=True, generations=10_000, max_evaluations=BUDGET, seed=seed),
     )
-    step = RlpStep(search, table, args, ScriptedReasoner()) if rlp else None
+    if args.model == "local":
+        from local import LocalReasoner
+
+        model: Any = LocalReasoner(args.api_base, args.api_key)
+    else:
+        model = ScriptedReasoner(calibrate=args.calibrate, imitate=args.imitate)
+    step = RlpStep(search, table, args, model) if rlp else None
     col = {c: j for j, c in enumerate(table.cases)}
     reached, spent, generation, rec_true = None, 0, 0, None
     curve: list[tuple[int, float]] = []
@@ -306,6 +341,7 @@ def run_arm(table: Table, seed: int, rlp: bool, args: argparse.Namespace) -> dic
     }
     if step is not None:
         out["steps"] = step.steps
+        out["served_model"] = getattr(model, "served", model.name)
     return out
 
 
@@ -372,6 +408,13 @@ def summarise(rows: list[dict[str, Any]], table: Table, horizon: int) -> tuple[d
         by_gen.setdefault(g, []).append(x)
     half = len(rewards) // 2
     ordered = [x for _, x in sorted(rewards, key=lambda t: t[0])]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for s in steps:
+        for p in s.get("proposals", []):
+            if "hit" in p:
+                head = s["thought_heads"][p["thought"]]
+                kind = next((k for k, o in OPENINGS.items() if o.startswith(head) or head.startswith(o[:20])), "?")
+                by_kind.setdefault(kind, []).append(p)
     figures["rlp"] = {
         "paired_difference_mean": statistics.fmean(diffs),
         "paired_difference_ci95": [round(lo, 1), round(hi, 1)],
@@ -385,6 +428,17 @@ def summarise(rows: list[dict[str, Any]], table: Table, horizon: int) -> tuple[d
         "proposal_hit_rate": round(statistics.fmean(p["hit"] for p in props), 4) if props else None,
         "other_candidates_hit_rate": round(statistics.fmean(others), 4) if others else None,
         "proposal_mean_true_score": round(statistics.fmean(p["true"] for p in props), 4) if props else None,
+        "proposals_by_thought": {
+            k: {
+                "proposals": len(v),
+                "hit_rate": round(statistics.fmean(p["hit"] for p in v), 3),
+                "mean_true": round(statistics.fmean(p["true"] for p in v), 3),
+                "mean_predicted_minus_observed": _mean_or_none(
+                    [p["predicted"] - p["observed"] for p in v if p["observed"] is not None]
+                ),
+            }
+            for k, v in sorted(by_kind.items())
+        },
         "runs_where_target_reached_by_rlp_proposal": sum(r["search_rlp"]["reached_by_origin"] == "rlp" for r in rows),
         "reward_definition": next((s["definition"] for s in steps if "definition" in s), None),
         "thought_rewards": len(rewards),
@@ -411,6 +465,10 @@ def summarise(rows: list[dict[str, Any]], table: Table, horizon: int) -> tuple[d
         ),
     }
     return figures, ratios
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 3) if values else None
 
 
 def plot(figures: dict[str, Any], table: Table, path: Path) -> str | None:
@@ -511,12 +569,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="seeds 0-3, horizon 480 (< 2 min)")
     parser.add_argument("--seeds", default=None, help="e.g. 0-19 (reported); 100-119 for tuning")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--model", choices=("scripted",), default="scripted")
+    parser.add_argument(
+        "--model", choices=("scripted", "local"), default="scripted", help="local: the local model server"
+    )
     parser.add_argument("--thoughts", type=int, default=4, help="G, thoughts per RLP step")
     parser.add_argument("--per-thought", type=int, default=2, help="configs proposed per thought")
-    parser.add_argument("--k", type=int, default=2, help="proposals injected per generation")
+    parser.add_argument("--k", type=int, default=1, help="proposals injected per generation")
     parser.add_argument("--max-history", type=int, default=50, help="history lines in the prompt")
     parser.add_argument("--few-shot", type=int, default=0, help="best-rewarded thoughts shown in the prompt")
+    parser.add_argument("--rank", choices=("predicted", "ei", "ei-best"), default="predicted", help="tuning")
+    parser.add_argument("--calibrate", action="store_true", help="the model learns from the examples' errors")
+    parser.add_argument("--imitate", action="store_true", help="the model writes only the examples' kinds")
     parser.add_argument("--horizon", type=int, default=None, help="evaluations run at least (curves)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
@@ -526,9 +589,19 @@ def main(argv: list[str] | None = None) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds else list(range(4 if args.quick else 20))
     if args.horizon is None:
         args.horizon = 480 if args.quick else 1200
+    server = None
+    if args.model == "local":
+        from local import start_server
+
+        server = start_server()
+        args.api_base, args.api_key = server.url, server.api_key
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(run_seed, [(s, args) for s in seeds]))
+    try:
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(run_seed, [(s, args) for s in seeds]))
+    finally:
+        if server is not None:
+            server.stop()
     table = Table(TABLE)
     figures, ratios = summarise(rows, table, args.horizon)
     figures["seconds"] = round(time.perf_counter() - t0, 1)
@@ -539,10 +612,14 @@ def main(argv: list[str] | None = None) -> int:
                 arm: {k: v for k, v in r[arm].items() if k not in ("steps", "curve")} | {"curve": r[arm]["curve"]}
                 for arm in ARMS
             },
-            "rlp_steps": [{k: v for k, v in s.items() if k != "evaluations"} for s in r["search_rlp"]["steps"]],
         }
         for r in rows
     ]
+    # per-step records of the first seeds only, as a sample: the figures above cover every step
+    figures["rlp_steps_sample"] = {
+        str(r["seed"]): [{k: v for k, v in s.items() if k != "evaluations"} for s in r["search_rlp"]["steps"]]
+        for r in rows[:2]
+    }
     command = " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1], *sys.argv])
     result = {
         "name": "rlp",
@@ -565,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
                 "k": args.k,
                 "max_history": args.max_history,
                 "few_shot": args.few_shot,
+                "calibrate": args.calibrate,
+                "imitate": args.imitate,
+                "rank": args.rank,
                 "reward": "thought_reward with use_logprobs off: prediction information gain against "
                 "N(mean score so far, 0.1)",
                 "first_step": "before generation 1 (generation 0 has no history)",

@@ -68,9 +68,20 @@ def read_prompt(messages: Sequence[Mapping[str, str]]) -> tuple[dict[str, Any], 
 
 
 class ScriptedReasoner:
-    """``complete(messages) -> str``: the JSON thoughts answer for a build_prompt prompt."""
+    """``complete(messages) -> str``: the JSON thoughts answer for a build_prompt prompt.
+
+    ``calibrate``: learn from the few-shot examples the prompt shows (the society's
+    best-rewarded earlier thoughts with what happened, ``build_context``'s "Example i. Earlier
+    thought: ... What happened: ..." blocks): per kind of hypothesis, the error of the
+    hypothesis's own prediction (stated in each thought) against the observed scores shifts
+    that kind's next predictions (shrunk: one pseudo-error of 0) and widens its sigma to the
+    errors' root mean square. ``imitate``: write only the kinds of thought the examples show,
+    best first (the earlier policy)."""
 
     name = "scripted"
+
+    def __init__(self, *, calibrate: bool = False, imitate: bool = False) -> None:
+        self.calibrate, self.imitate = calibrate, imitate
 
     def complete(self, messages: Sequence[Mapping[str, str]]) -> str:
         space, history, g, m = read_prompt(messages)
@@ -78,16 +89,26 @@ class ScriptedReasoner:
             return "I need results before I can reason about them."  # prose: the step fails, as an LLM's would
         params = _params(space)
         shown = {_key(p) for p, _ in history}
-        kinds = _imitate(messages) or list(HYPOTHESES)
+        examples = read_examples(messages)
+        kinds = (self.imitate and _kinds_of(examples)) or list(HYPOTHESES)
+        errors = _errors_by_kind(examples) if self.calibrate else {}
         spread = _Additive(params, history).residual_sd(history)
         thoughts = []
         for i in range(g):
             kind, rank = kinds[i % len(kinds)], i // len(kinds)
             text, proposals = getattr(self, f"_{kind}")(params, history, shown, m, rank)
+            if not proposals:
+                continue
+            said = sum(p["predicted_score"] for p in proposals) / len(proposals)
+            errs = errors.get(kind, [])
+            shift = sum(errs) / (len(errs) + 1)
+            rms = (sum(e * e for e in errs) / len(errs)) ** 0.5 if errs else 0.0
             for p in proposals:  # no prediction is surer than the additive fit's residual spread
-                p["sigma"] = round(max(p["sigma"], spread), 3)
-            if proposals:
-                thoughts.append({"thought": text, "proposals": proposals})
+                p["predicted_score"] = round(min(1.0, max(0.0, p["predicted_score"] + shift)), 3)
+                p["sigma"] = round(max(p["sigma"], spread, rms), 3)
+            text += f" The hypothesis says {said:.3f}"
+            text += f"; its earlier errors shift that to {said + shift:.3f}." if errs else "."
+            thoughts.append({"thought": text, "proposals": proposals})
         return json.dumps({"thoughts": thoughts})
 
     # --- hypotheses ---------------------------------------------------------------------------
@@ -168,27 +189,45 @@ OPENINGS = {  # how each hypothesis's thought begins: the model recognises its o
     "interaction": "What works depends on the categorical choice",
     "explore": "Some combinations of the categorical choices",
 }
-_EXAMPLE = re.compile(r"^- reward (-?[0-9.eE+-]+): (.*)$")
+_EXAMPLE = re.compile(r"^Example \d+\. Earlier thought: (.*)$")
+_HAPPENED = re.compile(r"^What happened: (.*)$")
+_SAID = re.compile(r"The hypothesis says (-?[0-9.]+)")
+_OBSERVED = re.compile(r": score (-?[0-9.]+)")
 
 
-def _imitate(messages: Sequence[Mapping[str, str]]) -> list[str]:
-    """The hypothesis kinds of the few-shot examples the prompt shows (best-rewarded first),
-    without repeats: the model writes thoughts like the ones that earned the most."""
+def read_examples(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, float | None, list[float]]]:
+    """The few-shot examples in the prompt, best-rewarded first: (kind of thought or "", the
+    prediction its hypothesis stated or None, the observed scores shown)."""
     text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
-    if FEW_SHOT_HEADER not in text:
-        return []
+    out: list[tuple[str, float | None, list[float]]] = []
+    thought = None
+    for line in text.splitlines():
+        if m := _EXAMPLE.match(line.strip()):
+            thought = m.group(1)
+        elif (m := _HAPPENED.match(line.strip())) and thought is not None:
+            kind = next((k for k, opening in OPENINGS.items() if thought.startswith(opening)), "")
+            said = _SAID.search(thought)
+            observed = [float(x) for x in _OBSERVED.findall(m.group(1))]
+            out.append((kind, float(said.group(1).rstrip(".")) if said else None, observed))
+            thought = None
+    return out
+
+
+def _kinds_of(examples: list[tuple[str, float | None, list[float]]]) -> list[str]:
     kinds: list[str] = []
-    for line in text.split(FEW_SHOT_HEADER, 1)[1].splitlines():
-        m = _EXAMPLE.match(line.strip())
-        if not m:
-            continue
-        kind = next((k for k, opening in OPENINGS.items() if m.group(2).startswith(opening)), None)
+    for kind, _, _ in examples:
         if kind and kind not in kinds:
             kinds.append(kind)
     return kinds
 
 
-FEW_SHOT_HEADER = "Earlier thoughts on this search with the highest information gain (reward), best first:"
+def _errors_by_kind(examples: list[tuple[str, float | None, list[float]]]) -> dict[str, list[float]]:
+    """Observed mean minus the hypothesis's own prediction, per kind of thought."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for kind, said, observed in examples:
+        if kind and said is not None and observed:
+            out[kind].append(sum(observed) / len(observed) - said)
+    return out
 
 
 class _Additive:
