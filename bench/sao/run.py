@@ -1,6 +1,6 @@
 """Does SAO help? SmolLM2-135M-Instruct before and after DPO on its own SAO pairs, on held-out prompts.
 
-    python bench/sao/run.py           # full: 32 personas, 32 held-out prompts (~30 min on 2 cores shared at load 8-10)
+    python bench/sao/run.py           # full: 32 personas, 32 held-out prompts (15 min on 2 cores at load 5-7)
     python bench/sao/run.py --quick   # 8 personas, 8 held-out prompts, short answers (a smoke run, ~18 min at load 9)
 
 1. One SAO round with the society's library (``flywheel.society.sao.run_round``): seeded
