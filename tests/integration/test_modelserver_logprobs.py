@@ -19,7 +19,7 @@ PROMPT = "Run history: temperature 0.7 scored 0.85.\nObserved outcome:\n- temper
 
 
 @pytest.fixture(scope="module")
-def tiny_server(session_stack, servers, tmp_path_factory) -> ModelServer:
+def tiny_server(servers, session_stack, tmp_path_factory) -> ModelServer:
     """The session's tiny model server (runtime LoRA on, nothing loaded: the base answers)."""
     return lora_session(session_stack, servers, tmp_path_factory).server
 

@@ -25,7 +25,7 @@ QUESTION = [{"role": "user", "content": "Capital of France? Answer with the city
 
 
 @pytest.fixture(scope="module")
-def shared(session_stack, servers, tmp_path_factory: pytest.TempPathFactory) -> LoraSession:
+def shared(servers, session_stack, tmp_path_factory: pytest.TempPathFactory) -> LoraSession:
     return lora_session(session_stack, servers, tmp_path_factory)
 
 

@@ -52,7 +52,7 @@ _migrated: set[str] = set()
 
 
 @pytest.fixture(scope="module")
-def shared(session_stack, servers, tmp_path_factory: pytest.TempPathFactory) -> LoraSession:
+def shared(servers, session_stack, tmp_path_factory: pytest.TempPathFactory) -> LoraSession:
     """The session's runtime-LoRA model server (shared with test_modelserver_lora.py)."""
     return lora_session(session_stack, servers, tmp_path_factory)
 
