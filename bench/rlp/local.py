@@ -21,7 +21,7 @@ class LocalReasoner:
     def __init__(self, api_base: str, api_key: str, *, temperature: float = 0.7, max_tokens: int = 512) -> None:
         self.api_base, self.api_key = api_base.rstrip("/"), api_key
         self.temperature, self.max_tokens = temperature, max_tokens
-        self.client = httpx.Client(timeout=300, headers={"Authorization": f"Bearer {api_key}"})
+        self.client = httpx.Client(timeout=240, headers={"Authorization": f"Bearer {api_key}"})
         self.served = self.client.get(f"{self.api_base}/models").json()["data"][0]["id"]
 
     def complete(self, messages: Sequence[Mapping[str, str]]) -> str:

@@ -141,7 +141,7 @@ class RlpStep:
     def __init__(self, search: Search, table: Table, args: argparse.Namespace, model: Any) -> None:
         self.search, self.table, self.model = search, table, model
         self.k, self.max_history, self.few_shot = args.k, args.max_history, args.few_shot
-        self.rank = args.rank
+        self.rank, self.gate, self.max_steps = args.rank, args.gate, args.max_steps
         self.buffer: list[tuple[float, str, str]] = []  # (reward, thought, outcome): this run's experiences
         self.config = RLPConfig(
             rlp_enabled=True,
@@ -164,7 +164,7 @@ class RlpStep:
 
     def before_generation(self) -> None:
         history = self.history()
-        if not history:
+        if not history or (self.max_steps and len(self.steps) >= self.max_steps):
             return
         # the society's few-shot examples (buffer.few_shot): the best-rewarded distinct thoughts
         # of this run so far with what happened, shown as the service shows them (build_context)
@@ -183,7 +183,19 @@ class RlpStep:
             examples=examples,
             max_history=self.max_history,
         )
-        answer = self.model.complete(messages)
+        try:
+            answer = self.model.complete(messages)
+        except Exception as exc:  # noqa: BLE001 - a provider error or timeout is this step's failure
+            self.steps.append(
+                {
+                    "generation": self.search.generation,
+                    "evaluations": self.search.evaluations,
+                    "thoughts": 0,
+                    "thought_heads": [],
+                    "failure": f"model error: {type(exc).__name__}",
+                }
+            )
+            return
         parsed = parse_thoughts(answer, max_thoughts=self.config.num_thoughts)
         step: dict[str, Any] = {
             "generation": self.search.generation,
@@ -194,6 +206,7 @@ class RlpStep:
         }
         self.steps.append(step)
         if not parsed.ok:
+            step["answer_head"] = answer[:200]  # what the model wrote instead (a sample for the README)
             return
         seen = {config_key(c.config) for c in self.search.candidates.values()}
         if self.rank == "predicted":
@@ -202,6 +215,9 @@ class RlpStep:
             every = choose_proposals(parsed, seen=seen, space=self.space, k=10_000)
             best = max(h["score"] for h in history) if self.rank == "ei-best" else None
             chosen = rank_by_ei(every, self.k, best)
+        if self.gate is not None:  # tuning only: the incumbent is the best shown mean score
+            incumbent = max(h["score"] for h in history)
+            chosen = [(i, p) for i, p in chosen if p.predicted_score >= incumbent + self.gate]
         ids = self.search.inject([dict(p.params) for _, p in chosen], origin="rlp") if chosen else []
         step["proposals"] = [
             {"thought": i, "candidate_id": cid, "predicted": p.predicted_score}
@@ -578,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-history", type=int, default=50, help="history lines in the prompt")
     parser.add_argument("--few-shot", type=int, default=0, help="best-rewarded thoughts shown in the prompt")
     parser.add_argument("--rank", choices=("predicted", "ei", "ei-best"), default="predicted", help="tuning")
+    parser.add_argument("--max-steps", type=int, default=0, help="RLP steps per run at most (0: no limit)")
+    parser.add_argument("--gate", type=float, default=None, help="tuning: inject only above best shown + this")
     parser.add_argument("--calibrate", action="store_true", help="the model learns from the examples' errors")
     parser.add_argument("--imitate", action="store_true", help="the model writes only the examples' kinds")
     parser.add_argument("--horizon", type=int, default=None, help="evaluations run at least (curves)")
@@ -645,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
                 "calibrate": args.calibrate,
                 "imitate": args.imitate,
                 "rank": args.rank,
+                "gate": args.gate,
+                "max_steps": args.max_steps,
                 "reward": "thought_reward with use_logprobs off: prediction information gain against "
                 "N(mean score so far, 0.1)",
                 "first_step": "before generation 1 (generation 0 has no history)",
