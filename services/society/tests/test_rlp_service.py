@@ -137,7 +137,7 @@ class FakeScorer:
 
 
 async def test_resolution_rewards_each_thought_with_advantages_and_a_persisted_normaliser(sessions) -> None:
-    runs = FakeRuns(run_config(num_thoughts=3))
+    runs = FakeRuns(run_config(num_thoughts=3, proposals_per_generation=2))
     for t, score in ((0.2, 0.3), (0.4, 0.5)):
         runs.add(0, {"t": t, "n": 128}, score)
     scorer = FakeScorer()
@@ -152,7 +152,7 @@ async def test_resolution_rewards_each_thought_with_advantages_and_a_persisted_n
     service = make_service(sessions, runs, think, scorer=scorer)
     await service.on_progress(progress(RUN, 0), delivery())
     sent = await rows(sessions, RlpProposalRow)
-    assert len(sent) == 2  # the run's default proposals_per_generation
+    assert len(sent) == 2  # the run sets proposals_per_generation: 2
     # The run races them in generation 0 (numbers come back as doubles), then moves on.
     runs.add(0, {"t": 0.9, "n": 512}, 0.9, origin="rlp")
     runs.add(0, {"t": 0.1, "n": 256}, 0.35, origin="rlp")

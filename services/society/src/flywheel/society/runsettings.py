@@ -44,7 +44,7 @@ class RunSociety(BaseModel):
     rlp_enabled: bool = False
     sao_enabled: bool = False
     sao_every: int = Field(3, ge=1)
-    proposals_per_generation: int = Field(2, ge=0)
+    proposals_per_generation: int = Field(1, ge=0)  # bench/rlp: 1 costs fewer evaluations than 2
     rlp: RLPConfig = Field(default_factory=RLPConfig)
     sao: SaoConfig = Field(default_factory=SaoConfig)
     # The model the run asked for ("" = the society's default); checked against the allow-list
@@ -110,7 +110,7 @@ def parse_run_society(run_config: dict[str, Any]) -> RunSociety:
             rlp_enabled=bool(learning.get("rlp_enabled", False)),
             sao_enabled=bool(learning.get("sao_enabled", False)),
             sao_every=int(learning.get("sao_every", 3)),
-            proposals_per_generation=int(block.get("proposals_per_generation", 2)),
+            proposals_per_generation=int(block.get("proposals_per_generation", 1)),
             rlp=rlp,
             sao=sao,
             model=str(llm.get("model", "") or ""),
