@@ -64,6 +64,7 @@ def existing_secrets(tls_dir: Path) -> dict[str, dict[str, str]]:
         },
         "nats-ca": {"ca.crt": pem_ca},
         "postgres-ca": {"ca.crt": pem_ca},
+        "minio-ca": {"ca.crt": pem_ca},
     }
 
 

@@ -258,6 +258,9 @@ FLYWHEEL_S3_SECURE: {{ $v.s3.secure | quote }}
 FLYWHEEL_S3_CERT_CHECK: {{ $v.s3.certCheck | quote }}
 FLYWHEEL_S3_REGION: {{ $v.s3.region | quote }}
 FLYWHEEL_S3_BUCKET_PREFIX: {{ $v.s3.bucketPrefix | quote }}
+{{- if $v.s3.tls.caSecret }}
+FLYWHEEL_S3_CA_FILE: {{ printf "/etc/flywheel/s3-ca/%s" $v.s3.tls.caKey | quote }}
+{{- end }}
 {{- end }}
 {{- if eq $s.llm "shared" }}
 FLYWHEEL_LLM_MODEL: {{ $v.llm.model | quote }}
@@ -361,6 +364,12 @@ FLYWHEEL_LLM_API_BASE: {{ $v.llm.apiBase | quote }}
     secretName: {{ .Values.database.tls.caSecret }}
     defaultMode: 0440
 {{- end }}
+{{- if .Values.s3.tls.caSecret }}
+- name: s3-ca
+  secret:
+    secretName: {{ .Values.s3.tls.caSecret }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{- define "flywheel.volumeMounts" -}}
@@ -379,6 +388,11 @@ FLYWHEEL_LLM_API_BASE: {{ $v.llm.apiBase | quote }}
 {{- if .Values.database.tls.caSecret }}
 - name: db-ca
   mountPath: /etc/flywheel/db-ca
+  readOnly: true
+{{- end }}
+{{- if .Values.s3.tls.caSecret }}
+- name: s3-ca
+  mountPath: /etc/flywheel/s3-ca
   readOnly: true
 {{- end }}
 {{- end -}}

@@ -27,6 +27,7 @@ class ObjectStore:
             retries=urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
             maxsize=16,
             cert_reqs="CERT_REQUIRED" if settings.cert_check else "CERT_NONE",
+            ca_certs=str(settings.ca_file) if settings.ca_file else None,
         )
         self.client = Minio(
             settings.endpoint,

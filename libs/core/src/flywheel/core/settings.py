@@ -96,6 +96,8 @@ class S3Settings(BaseSettings):
     # Buckets are named "<bucket_prefix>-<purpose>"; tests use a fresh prefix.
     bucket_prefix: str = "flywheel"
     cert_check: bool = True
+    # CA bundle that signed the S3 server's certificate (a private CA); default: the system's.
+    ca_file: FilePath | None = None
 
     @field_validator("endpoint")
     @classmethod
