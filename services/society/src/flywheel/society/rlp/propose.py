@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.society.rlp.thoughts import ParseResult, ProposedConfig
+from flywheel.society.rlp.thoughts import ParseResult, ProposedConfig, finite_number
 
 _CATEGORICAL, _DISCRETE, _CONTINUOUS = "categorical", "discrete", "continuous"
 _KINDS = {
@@ -63,7 +63,7 @@ class _Spec:
             if len(spelt) == 1:
                 return spelt[0], ""
             return None, f"{self.name}: {value!r} is not one of {list(self.values)}"
-        number = _number(value)
+        number = finite_number(value)
         if number is None:
             return None, f"{self.name}: expected a number, got {value!r}"
         if self.kind == _DISCRETE:
@@ -210,10 +210,10 @@ def _spec(name: str, raw: Any) -> _Spec:
         if kind == _DISCRETE and _number_list(values) is None:
             raise SpaceError(f"search_space.{name}: discrete values must be numbers")
         return _Spec(name, kind, values=tuple(sorted(values) if kind == _DISCRETE else values), default=default)
-    low, high = _number(data.get("min")), _number(data.get("max"))
+    low, high = finite_number(data.get("min")), finite_number(data.get("max"))
     if low is None or high is None or low >= high:
         raise SpaceError(f"search_space.{name}: a continuous parameter needs numbers min < max")
-    step = _number(data.get("step"))
+    step = finite_number(data.get("step"))
     integer = given in ("int", "integer") or bool(data.get("integer"))
     if integer and step is None:
         step = 1.0
@@ -222,21 +222,8 @@ def _spec(name: str, raw: Any) -> _Spec:
     return _Spec(name, kind, low=low, high=high, step=step, integer=integer, default=default)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, int | float) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _number_list(values: Iterable[Any]) -> list[float] | None:
-    out = [_number(v) for v in values]
+    out = [finite_number(v) for v in values]
     return None if any(v is None or isinstance(o, str) for v, o in zip(out, values, strict=True)) else out
 
 

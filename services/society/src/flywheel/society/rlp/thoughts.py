@@ -195,16 +195,17 @@ def _proposal(prop: Any) -> tuple[ProposedConfig | None, str]:
     params = prop.get("params")
     if not isinstance(params, dict) or not params:
         return None, 'no "params" object'
-    score = _number(prop.get("predicted_score"))
+    score = finite_number(prop.get("predicted_score"))
     if score is None:
         return None, f"predicted_score is not a finite number ({prop.get('predicted_score')!r})"
-    sigma = _number(prop.get("sigma"))
+    sigma = finite_number(prop.get("sigma"))
     if sigma is not None and sigma <= 0:
         sigma = None  # a non-positive spread means nothing; the default applies
     return ProposedConfig(dict(params), score, sigma), ""
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """A finite float from a number or numeric string (bools and NaN/inf are not numbers)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
