@@ -217,7 +217,10 @@ async def test_rlp_thoughts_proposals_raced_and_information_gain_rewards(
                 await society_grpc.SocietyServiceStub(channel).GetStats(society_pb.GetStatsRequest(run_id=run.run_id))
             ).rlp
         assert stats.steps == len(steps) and stats.steps_failed == 0 and stats.thoughts_rewarded >= 2
-        assert stats.proposals >= 2 and stats.proposals_resolved >= 2 and 0.0 <= stats.hit_rate <= 1.0
+        # Resolution goes on while we read: count at least what was resolved when the loop ended
+        # (a proposal the run never reached stays unresolved, so not every one of them need be).
+        assert stats.proposals >= max(2, len(sent)) and stats.proposals_resolved >= max(1, len(resolved))
+        assert 0.0 <= stats.hit_rate <= 1.0
         assert set(stats.reward_definitions) == {"logprob_information_gain"}
     finally:
         await reasoning.stop()
