@@ -214,3 +214,15 @@ def test_runtime_feedback_ids_are_stable_per_decision_and_key():
     assert feedback_id_for("d-1") == feedback_id_for("d-1") != feedback_id_for("d-2")
     assert feedback_id_for("d-1", "click") != feedback_id_for("d-1") != feedback_id_for("d-1", "buy")
     assert len(feedback_id_for("x" * 500, "y" * 500)) <= 128  # the optimizer's feedback_id limit
+
+
+def test_endpoint_json_prints_counters_as_numbers() -> None:
+    """`flywheel endpoint get --json`: pulls are JSON numbers (protobuf's JSON writes int64 as
+    strings, which scripts then compare wrongly)."""
+    from flywheel.api.optimizer.v1 import endpoints_pb2
+    from flywheel.sdk.cli import _endpoint_json
+
+    ep = endpoints_pb2.Endpoint(name="e", stats=[endpoints_pb2.ArmStats(arm_id="a", pulls=3, alpha=2.5)])
+    out = _endpoint_json(ep)
+    assert out["stats"][0]["pulls"] == 3 and isinstance(out["stats"][0]["pulls"], int)
+    assert out["stats"][0]["alpha"] == 2.5

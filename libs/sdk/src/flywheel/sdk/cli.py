@@ -52,6 +52,7 @@ from flywheel.sdk.cli_common import (
     connection,
     connection_hint,
     connection_options,
+    message_json,
     one_line,
     service_of,
     table,
@@ -166,7 +167,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def _endpoint_json(ep: pb.Endpoint) -> dict[str, Any]:
-    return json_format.MessageToDict(ep, preserving_proto_field_name=True)
+    return message_json(ep)  # pulls and other int64 counters as numbers, not strings
 
 
 def cmd_get(args: argparse.Namespace) -> int:
