@@ -1,6 +1,7 @@
 """What a product imports to use Flywheel: choose a config per request, report feedback.
 
 - ``FlywheelClient`` (async) and ``SyncFlywheelClient``: ``select``, ``feedback`` (NATS),
+  ``feedback_nowait`` + ``flush_feedback`` (NATS, bounded background publishing),
   ``update`` (gRPC), ``decide`` (select, time the block, report once).
 - ``flywheel.sdk.convergence``: The Convergence's ``configure_runtime``, ``runtime_select``
   and ``runtime_update`` on Flywheel.
@@ -11,12 +12,14 @@
 
 from flywheel.sdk.client import FlywheelClient
 from flywheel.sdk.decision import Decision, DecisionContext
+from flywheel.sdk.feedback_queue import FeedbackQueueFull
 from flywheel.sdk.sync import SyncFlywheelClient
 from flywheel.sdk.tracing import configure_tracing, instrument, trace
 
 __all__ = [
     "Decision",
     "DecisionContext",
+    "FeedbackQueueFull",
     "FlywheelClient",
     "SyncFlywheelClient",
     "configure_tracing",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +31,7 @@ from flywheel.api.optimizer.v1.selection_service_pb2_grpc import SelectionServic
 from flywheel.api.tls import aio_channel
 from flywheel.sdk import _transport
 from flywheel.sdk.decision import Decision, DecisionContext, check_feedback
+from flywheel.sdk.feedback_queue import FeedbackQueue, FeedbackQueueStats
 
 __all__ = ["Decision", "DecisionContext", "FlywheelClient"]
 
@@ -57,6 +59,8 @@ class FlywheelClient:
         tls_server_name: str | None = None,
         source: str = "sdk",
         int_params: bool = True,
+        feedback_max_pending: int = 10_000,
+        feedback_max_in_flight: int = 64,
     ) -> None:
         tls = _transport.client_tls(tls_root_certificates, tls_certificate_chain, tls_private_key, tls_server_name)
         self._channel = aio_channel(target, tls)
@@ -70,6 +74,14 @@ class FlywheelClient:
             if nats_url
             else None
         )
+        # feedback_nowait's bounded background publisher (see flywheel.sdk.feedback_queue)
+        self._feedback_queue = (
+            FeedbackQueue(
+                self._publish_feedback, max_pending=feedback_max_pending, max_in_flight=feedback_max_in_flight
+            )
+            if self._nats is not None
+            else None
+        )
 
     async def __aenter__(self) -> FlywheelClient:
         return self
@@ -78,6 +90,9 @@ class FlywheelClient:
         await self.close()
 
     async def close(self) -> None:
+        """Flush queued feedback (``feedback_nowait``), then close NATS and the channel."""
+        if self._feedback_queue is not None:
+            await self._feedback_queue.close()
         if self._nats is not None:
             await self._nats.close()
         await self._channel.close()
@@ -117,6 +132,47 @@ class FlywheelClient:
             reward=reward,
             signals=signals,
             event_id=event_id,
+        )
+
+    def feedback_nowait(
+        self,
+        decision: Decision,
+        *,
+        reward: float | None = None,
+        signals: dict[str, float] | None = None,
+        event_id: str | None = None,
+    ) -> str:
+        """Queue feedback for a decision and return its event id at once; background tasks
+        publish it (many acknowledgements awaited concurrently, retried with the same event id).
+        Raises ``FeedbackQueueFull`` when ``feedback_max_pending`` events are waiting.
+        ``flush_feedback()`` waits for them; ``close()`` flushes."""
+        check_feedback(reward, signals)
+        if self._feedback_queue is None:
+            raise RuntimeError("this client has no nats_url; use update() over gRPC instead")
+        event_id = event_id or uuid.uuid4().hex
+        self._feedback_queue.put_nowait(
+            endpoint=decision.endpoint,
+            decision_id=decision.decision_id,
+            reward=reward,
+            signals=signals,
+            event_id=event_id,
+        )
+        return event_id
+
+    async def flush_feedback(self) -> FeedbackQueueStats:
+        """Wait until every ``feedback_nowait`` event so far is acknowledged (or failed past its
+        retry deadline); returns the counts (queued, acked, retried, failed, last errors)."""
+        if self._feedback_queue is None:
+            return FeedbackQueueStats()
+        await self._feedback_queue.flush()
+        return self._feedback_queue.stats
+
+    async def _publish_feedback(
+        self, endpoint: str, decision_id: str, reward: float | None, signals: dict[str, float] | None, event_id: str
+    ) -> object:
+        assert self._nats is not None
+        return await self._nats.publish(
+            endpoint=endpoint, decision_id=decision_id, reward=reward, signals=signals, event_id=event_id
         )
 
     async def update(
