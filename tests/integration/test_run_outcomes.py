@@ -15,12 +15,10 @@ on the real optimizer and evaluator over real NATS/PostgreSQL/S3.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,13 +28,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 import pytest
 import yaml
 
 from flywheel.api.optimizer.v1 import runs_pb2
 from flywheel.sdk.runs import RunsClient, load_run_file
+from flywheel.stack.browser import render_in_chromium
 
 pytestmark = pytest.mark.integration
 
@@ -210,91 +208,6 @@ async def until_ended(runs: RunsClient, run_id: str, timeout_s: float = 120) -> 
             if run.state != runs_pb2.RUN_STATE_RUNNING:
                 return run
             await asyncio.sleep(0.5)
-
-
-async def render_in_chromium(page: Path, screenshot: Path) -> dict[str, Any]:
-    """Open ``page`` in headless Chromium over the DevTools protocol (aiohttp's websocket):
-    its text, each image's natural width, console errors and uncaught exceptions, and a PNG."""
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is missing: run scripts/setup.sh (it installs it as root)"
-    profile = page.parent / "chromium-profile"
-    proc = await asyncio.create_subprocess_exec(
-        chromium,
-        "--headless=new",
-        "--no-sandbox",  # root in CI
-        "--disable-gpu",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        "--remote-debugging-port=0",
-        "--window-size=1280,2400",
-        "about:blank",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(60):
-            port = None
-            while port is None:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "chromium exited before it listened"
-                found = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
-                port = found and found.group(1)
-            async with aiohttp.ClientSession() as http:
-                async with http.get(f"http://127.0.0.1:{port}/json/list") as resp:
-                    targets = await resp.json()
-                ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
-                async with http.ws_connect(ws_url, max_msg_size=0) as ws:
-                    return await _inspect(ws, page, screenshot)
-    finally:
-        proc.kill()
-        await proc.wait()
-
-
-async def _inspect(ws: aiohttp.ClientWebSocketResponse, page: Path, screenshot: Path) -> dict[str, Any]:
-    errors: list[str] = []
-    replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
-    loaded = asyncio.Event()
-    next_id = 0
-
-    async def reader() -> None:
-        async for msg in ws:
-            data = json.loads(msg.data)
-            method = data.get("method", "")
-            if "id" in data:
-                replies.pop(data["id"]).set_result(data)
-            elif method == "Runtime.exceptionThrown":
-                errors.append(str(data["params"]["exceptionDetails"].get("text")))
-            elif method == "Runtime.consoleAPICalled" and data["params"]["type"] in ("error", "assert"):
-                errors.append(json.dumps(data["params"]["args"]))
-            elif method == "Log.entryAdded" and data["params"]["entry"]["level"] == "error":
-                errors.append(data["params"]["entry"]["text"])
-            elif method == "Page.loadEventFired":
-                loaded.set()
-
-    async def call(method: str, **params: Any) -> dict[str, Any]:
-        nonlocal next_id
-        next_id += 1
-        replies[next_id] = asyncio.get_running_loop().create_future()
-        waiting = replies[next_id]
-        await ws.send_json({"id": next_id, "method": method, "params": params})
-        reply = await waiting
-        assert "error" not in reply, reply
-        return reply["result"]
-
-    task = asyncio.create_task(reader())
-    try:
-        for domain in ("Page", "Runtime", "Log"):
-            await call(f"{domain}.enable")
-        await call("Page.navigate", url=page.as_uri())
-        await loaded.wait()
-        probe = "JSON.stringify({text: document.body.innerText, images: [...document.images].map(i => i.naturalWidth)})"
-        found = json.loads((await call("Runtime.evaluate", expression=probe, returnByValue=True))["result"]["value"])
-        shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        await asyncio.to_thread(screenshot.write_bytes, base64.b64decode(shot["data"]))
-        await asyncio.sleep(0.2)  # console messages logged during load arrive before this
-        return {"text": found["text"], "images": found["images"], "errors": errors}
-    finally:
-        task.cancel()
 
 
 # -- The Convergence's configs against a stand-in ------------------------------------------------
