@@ -100,7 +100,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             catalogue=bus.catalogue,
             spec=bus.catalogue.consumer("optimizer-feedback"),
             message_type=FeedbackEvent,
-            batch_handler=FeedbackHandler(database.sessions, window),
+            batch_handler=FeedbackHandler(database.sessions, window, decisions),
             batch_size=1000,  # one transaction per 1000 events when there is a backlog
         )
     )

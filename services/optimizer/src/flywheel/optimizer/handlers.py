@@ -4,14 +4,28 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from prometheus_client import Counter
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
-from flywheel.core.bus.consumer import Delivery, Reject
+from flywheel.core.bus.consumer import Delivery, Reject, Retry
 from flywheel.core.errors import InvalidArgument, NotFound
 from flywheel.core.validation import check_numbers, check_string, check_timestamp
 from flywheel.optimizer import service
-from flywheel.optimizer.service import DECISION_ID_CHARS, ENDPOINT_CHARS, EVENT_ID_CHARS, FeedbackItem
+from flywheel.optimizer.decisions import DecisionLog
+from flywheel.optimizer.service import (
+    DECISION_ID_CHARS,
+    ENDPOINT_CHARS,
+    EVENT_ID_CHARS,
+    FeedbackItem,
+    FeedbackOutcome,
+    NotLoggedYet,
+)
+
+BOUNCES = Counter(
+    "flywheel_optimizer_feedback_bounces_total",
+    "Feedback events redelivered because their decision was not written yet (in another replica's buffer)",
+)
 
 
 def feedback_item(e: FeedbackEvent) -> FeedbackItem:
@@ -33,11 +47,17 @@ def feedback_item(e: FeedbackEvent) -> FeedbackItem:
 
 class FeedbackHandler:
     """Applies a batch of feedback events in one transaction. Invalid, unknown or expired
-    feedback is dead-lettered; feedback for a decision not flushed yet is retried."""
+    feedback is dead-lettered. Feedback for a decision still in this replica's buffer (a
+    product that reports within the 20 ms flush interval) is applied at once: the buffer is
+    flushed and those events applied again. Only a decision buffered by another replica makes
+    its feedback wait for a redelivery (counted, logged at debug level)."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], window: timedelta) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], window: timedelta, decisions: DecisionLog | None = None
+    ) -> None:
         self._sessions = sessions
         self._window = window
+        self._decisions = decisions
 
     async def __call__(self, batch: list[tuple[FeedbackEvent, Delivery]]) -> list[BaseException | None]:
         results: list[BaseException | None] = [None] * len(batch)
@@ -49,11 +69,33 @@ class FeedbackHandler:
                 results[i] = Reject(str(exc))
         if not items:
             return results
-        async with self._sessions() as session:
-            outcomes = await service.apply_feedback_batch(session, items=[it for _, it in items], window=self._window)
+        outcomes = await self._apply([it for _, it in items])
         for (i, _), o in zip(items, outcomes, strict=True):
+            attempt = batch[i][1].num_delivered
             if isinstance(o, InvalidArgument | NotFound):
                 results[i] = Reject(str(o))
+            elif isinstance(o, NotLoggedYet):
+                BOUNCES.inc()
+                # 50 ms, then x4: the other replica writes within its flush interval (20 ms), and
+                # the consumer's 5 deliveries still wait 4 s in all for a slow write.
+                results[i] = Retry(str(o), delay_s=min(0.05 * 4 ** (attempt - 1), 5.0))
             elif isinstance(o, Exception):
                 results[i] = o
         return results
+
+    async def _apply(self, items: list[FeedbackItem]) -> list[FeedbackOutcome | Exception]:
+        async with self._sessions() as session:
+            outcomes: list[FeedbackOutcome | Exception] = list(
+                await service.apply_feedback_batch(session, items=items, window=self._window)
+            )
+        early = [i for i, o in enumerate(outcomes) if isinstance(o, NotLoggedYet)]
+        if early and self._decisions is not None:
+            # Their decisions may be in this replica's buffer, or being written by its flusher
+            # right now: flush() takes the same lock, so it returns once both are in PostgreSQL.
+            await self._decisions.flush()
+            async with self._sessions() as session:
+                retried = [items[i] for i in early]
+                again = await service.apply_feedback_batch(session, items=retried, window=self._window)
+            for i, o in zip(early, again, strict=True):
+                outcomes[i] = o
+        return outcomes

@@ -233,10 +233,14 @@ def _check(item: FeedbackItem) -> None:
     check_numbers(item.signals, "signals")
 
 
+class NotLoggedYet(Unavailable):
+    """Feedback for a decision made moments ago whose row is still in a replica's buffer."""
+
+
 def _missing_decision(decision_id: str) -> ServiceError:
     age = decision_age_s(decision_id)
     if age is not None and age < DECISION_GRACE_S:
-        return Unavailable(f"decision {decision_id!r} is not logged yet; retry shortly")
+        return NotLoggedYet(f"decision {decision_id!r} is not logged yet; retry shortly")
     return NotFound(f"decision {decision_id!r} is unknown (never logged, or from another deployment)")
 
 

@@ -53,6 +53,16 @@ class Reject(Exception):
     value): it is dead-lettered with this message as the reason, not retried."""
 
 
+class Retry(Exception):
+    """Returned by a handler for an event that is expected to succeed shortly (its decision is
+    not written yet, say): redelivered after ``delay_s`` and logged at debug level only, since
+    it is routine; ``max_deliver`` still bounds it."""
+
+    def __init__(self, reason: str, *, delay_s: float = 0.1) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+
+
 @dataclass(frozen=True)
 class Delivery:
     """Transport facts about one message, handed to the handler beside the event."""
@@ -205,6 +215,10 @@ class EventConsumer(Generic[M]):
             elif delivery.num_delivered >= self._spec.max_deliver:
                 reason = f"failed {delivery.num_delivered} times, last error: {outcome!r}"
                 await self._dead_letter(msg, delivery, reason)
+            elif isinstance(outcome, Retry):
+                log.debug("event not ready; will retry", reason=str(outcome), attempt=delivery.num_delivered)
+                EVENTS_TOTAL.labels(self.name, "retry").inc()
+                await msg.nak(delay=outcome.delay_s)
             else:
                 log.warning("handler failed; will retry", error=repr(outcome), attempt=delivery.num_delivered)
                 EVENTS_TOTAL.labels(self.name, "retry").inc()
