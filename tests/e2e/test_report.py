@@ -105,9 +105,10 @@ def realistic_record(decision: str = "promoted") -> StoryRecord:
             "command": "./dev demo",
             "started_at": "2026-11-24T14:00:00Z",
             "seconds": 412.6,
-            "machine": "Linux x86_64, 2 cores, 7.8 GiB",
+            "stage_seconds": {"optimize": 150.3, "traffic": 90.1, "training": 101.7, "canary": 64.0},
+            "machine": {"platform": "Linux-6.1-x86_64-with-glibc2.36", "python": "3.11.2", "cpus": 2},
             "sizes": {"test_cases": 8, "population": 4, "generations": 3, "traffic_decisions": 300},
-            "models": {"model server": "SmolLM2-135M-Instruct", "trainer base": "smollm2"},
+            "models": {"served": "SmolLM2-135M-Instruct", "trainer_base": "smollm2"},
         },
         optimize={
             "run_id": RUN_ID,
@@ -198,18 +199,19 @@ async def test_a_full_report_renders_every_plot_in_chromium(tmp_path: Path) -> N
     assert all(w > 0 for w in seen["images"]), seen["images"]
     assert seen["empty_plots"] == 0
     assert seen["ink"] > 0.05 and seen["colours"] > 50, (seen["ink"], seen["colours"])
-    for figure in ("promoted", POLICY_ID, RUN_ID, JOB_ID, CANARY_ARM, "edb80c7", "./dev demo"):
+    for figure in ("promoted", POLICY_ID, RUN_ID, JOB_ID, CANARY_ARM, "edb80c7", "./dev demo", "2.5 min (150 s)"):
         assert figure in seen["text"], figure
     assert NOT_RUN not in seen["text"]
     assert "Flywheel searched the support assistant's config over 96 evaluations" in seen["text"]
 
 
 async def test_stages_not_run_and_empty_data_render_without_errors(tmp_path: Path) -> None:
-    bare = StoryRecord(meta={"commit": "abc123", "seconds": 3.0})
+    bare = StoryRecord(meta={"commit": "abc123", "seconds": 3.0, "stage_seconds": {"optimize": 12.5}})
     page = write_report(bare, tmp_path / "bare" / "demo-report.html")
     seen = await check_report_in_browser(page, tmp_path / "bare")
     assert seen["errors"] == [] and seen["images"] == []
-    assert seen["text"].count(NOT_RUN) >= 4  # each stage's section and its time row
+    assert seen["text"].count(NOT_RUN) >= 4 + 3  # each stage's section, and the time rows of those not started
+    assert "failed after 12.5 s" in seen["text"]  # started, left no section
     assert "no lineage recorded" in seen["text"]
     assert seen["problems"] == ["no plot on the page"]  # the verdict still says why it is thin
 

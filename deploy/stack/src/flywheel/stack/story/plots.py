@@ -92,8 +92,9 @@ def guard(build: Callable[[], Plot], title: str) -> Plot:
 
 
 def search_curve(optimize: dict[str, Any]) -> Plot:
-    """Each evaluated candidate's score (coloured by origin) and the best so far."""
-    title = "Batch search: score per evaluation and best so far"
+    """Each evaluated candidate's mean score (coloured by origin: the search or an RLP proposal)
+    at the evaluation count it was finished at, and the best so far (a step line)."""
+    title = "Batch search: each candidate's mean score and the best so far"
     points = [
         (int(p["evaluation"]), _number(p.get("score")), _number(p.get("best")), str(p.get("origin") or "search"))
         for p in optimize.get("curve") or []
@@ -112,7 +113,7 @@ def search_curve(optimize: dict[str, Any]) -> Plot:
     best = [(e, b) for e, _, b, _ in points if b is not None]
     if best:
         ax.step([e for e, _ in best], [b for _, b in best], where="post", color="black", lw=1.6, label="best so far")
-    ax.set_xlabel("evaluation (in order)")
+    ax.set_xlabel("test-case evaluations so far")
     ax.set_ylabel("score")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="lower right", fontsize=8, title="candidate origin", title_fontsize=8)

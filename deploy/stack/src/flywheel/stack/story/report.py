@@ -205,10 +205,7 @@ def _header(record: StoryRecord) -> str:
         rows += [(f"model: {k}", v) for k, v in models.items()]
     elif models:
         rows.append(("models", models))
-    stage_rows = [
-        [title, _seconds((getattr(record, key) or {}).get("seconds")) if getattr(record, key) else NOT_RUN]
-        for key, title in STAGES
-    ]
+    stage_rows = [[title, _stage_time(record, key)] for key, title in STAGES]
     sizes = meta.get("sizes")
     size_table = _table(sorted(sizes.items()), "sizes") if isinstance(sizes, dict) and sizes else ""
     return (
@@ -217,6 +214,16 @@ def _header(record: StoryRecord) -> str:
         f'<div class="tables">{_table(rows, "this run")}{_grid(["stage", "time"], stage_rows, "time per stage")}'
         f"{size_table}</div></header>"
     )
+
+
+def _stage_time(record: StoryRecord, key: str) -> str:
+    """The stage's wall time (``meta.stage_seconds``, timed by the runner) or its own count;
+    a stage that started but left no section failed."""
+    timed = (record.meta.get("stage_seconds") or {}).get(key)
+    section = getattr(record, key)
+    if not section:
+        return f"failed after {_seconds(timed)}" if timed is not None else NOT_RUN
+    return _seconds(timed if timed is not None else section.get("seconds"))
 
 
 # -- stages --------------------------------------------------------------------------------------
@@ -228,6 +235,7 @@ def _optimize(o: dict[str, Any]) -> str:
         ("state", o.get("state")),
         ("time", _seconds(o.get("seconds"))),
         ("evaluations", o.get("evaluations")),
+        ("evaluations budgeted", o.get("evaluations_total")),
         ("evaluations failed", o.get("evaluations_failed")),
         ("best score", o.get("best_score")),
     ]
@@ -279,6 +287,9 @@ def _traffic(t: dict[str, Any]) -> str:
         ("feedback sent", t.get("feedback_sent")),
         ("feedback applied", t.get("feedback_applied")),
         ("traces", t.get("traces")),
+        ("incumbent at the end", _code(t.get("incumbent"))),
+        ("answers replayed from stage 1", t.get("answers_replayed")),
+        ("answers generated live", t.get("answers_generated")),
     ]
     timeline = [p for p in t.get("timeline") or [] if isinstance(p, dict)]
     last = timeline[-1] if timeline else {}
