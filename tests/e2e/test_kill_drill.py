@@ -1,0 +1,185 @@
+"""The kill drill: the whole story (``StorySizes.e2e()``) on a fresh stack while each of the six
+services is killed with SIGKILL once, mid-work, and restarted (``flywheel.stack.story.drill``).
+
+The story still completes, and what it counts is what an undisturbed telling counts, none
+twice: every decision the product got is logged once, every feedback event is applied once
+(the posterior's pulls are the applied events, one per decision), the batch run evaluates each
+(candidate, test case) once and its counters agree with its rows, the trace store holds each
+decision and feedback event once, and training ends with one DPO job SUCCEEDED and one policy
+version. Figures that depend on timing even without kills (how many evaluations racing makes,
+how many decisions the canary needs) are checked by the invariant that holds, not by a number.
+
+Run alone: ``.venv/bin/python -m pytest tests/e2e/test_kill_drill.py -q -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+import grpc
+import pytest
+
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
+from flywheel.stack.services import SERVICES, health_status
+from flywheel.stack.stack import Stack
+from flywheel.stack.story.context import QuietProgress, StorySizes
+from flywheel.stack.story.drill import DEFAULT_PLAN, KillDrill, check_plan
+
+SIZES = StorySizes.e2e()
+
+
+def test_a_plan_kills_every_service_exactly_once() -> None:
+    check_plan(DEFAULT_PLAN)
+    with pytest.raises(ValueError, match=r"twice: \['optimizer'\]"):
+        check_plan({**DEFAULT_PLAN, "canary.running": ("optimizer",)})
+    with pytest.raises(ValueError, match=r"never: \['trainer'\]"):
+        check_plan({p: s for p, s in DEFAULT_PLAN.items() if p != "training.running"})
+    with pytest.raises(ValueError, match="unknown point 'nowhere'"):
+        KillDrill({"nowhere": SERVICES})
+    with pytest.raises(ValueError, match="unknown service 'database'"):
+        check_plan({**DEFAULT_PLAN, "canary.running": ("database",)})
+
+
+async def _rows(stack: Stack, sql: str, *args: object) -> list[asyncpg.Record]:
+    url = stack.servers.database_url.replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def _pulls(stack: Stack, endpoint: str) -> int:
+    async with grpc.aio.insecure_channel(stack.services["optimizer"].address) as channel:
+        got = await admin_grpc.EndpointAdminServiceStub(channel).GetEndpoint(
+            admin_pb.GetEndpointRequest(name=endpoint), timeout=10
+        )
+    return sum(int(s.pulls) for s in got.endpoint.stats)
+
+
+async def _settled(read, *, timeout_s: float = 60.0, interval_s: float = 0.5):
+    """``read()`` once two reads in a row agree (the bus has delivered what it holds)."""
+    deadline = time.monotonic() + timeout_s
+    last = await read()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(interval_s)
+        now = await read()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+async def test_the_story_survives_a_kill_9_of_every_service() -> None:
+    from flywheel.stack.story.run import start_story_stack, stop_story_stack, tell_story
+
+    root = Path(tempfile.mkdtemp(prefix="flywheel-drill-"))  # outside pytest's tmp tree (PostgreSQL)
+    progress = QuietProgress()
+    drill = KillDrill()
+    began = time.monotonic()
+    stack, model = await asyncio.to_thread(start_story_stack, root, SIZES)
+    try:
+        record = await tell_story(stack, model, SIZES, progress=progress, hooks=drill)
+        seconds = time.monotonic() - began
+        ep = "support-assistant"
+
+        # Every service was killed once, by SIGKILL, at its point, and is SERVING again.
+        assert sorted(drill.killed()) == sorted(SERVICES), (drill.to_dict(), progress.lines)
+        assert not drill.missed()
+        for kill in drill.kills:
+            assert kill.exit_code == -9 and kill.pid_after != kill.pid_before, kill
+            assert kill.status_after == "SERVING", kill
+            assert kill.service in DEFAULT_PLAN[kill.point]
+        for name, proc in stack.services.items():
+            assert health_status(proc.address) == "SERVING", (name, proc.log_tail())
+
+        # Stage 1: the batch run ended; each (candidate, case) evaluated once, counted once.
+        opt = record.optimize
+        assert opt is not None and opt["state"] in ("succeeded", "RUN_STATE_SUCCEEDED"), opt
+        evaluations = await _rows(
+            stack,
+            "SELECT candidate_id, test_case_id FROM run_evaluations WHERE run_id = $1",
+            opt["run_id"],
+        )
+        pairs = [(r["candidate_id"], r["test_case_id"]) for r in evaluations]
+        assert len(pairs) == len(set(pairs)) == opt["evaluations"], (len(pairs), opt["evaluations"])
+        unanswered = await _rows(
+            stack,
+            "SELECT r.request_id FROM run_requests r LEFT JOIN run_evaluations e"
+            " USING (run_id, candidate_id, test_case_id) WHERE r.run_id = $1 AND e.run_id IS NULL",
+            opt["run_id"],
+        )
+        assert not unanswered, f"{len(unanswered)} evaluation requests of the run never answered"
+
+        # Stage 2 (and 4): every decision logged once; every feedback event applied once.
+        traffic, canary = record.traffic, record.canary
+        assert traffic is not None and canary is not None
+        assert traffic["decisions"] == SIZES.traffic_decisions
+        made = traffic["decisions"] + canary["decisions"]
+
+        async def counts() -> tuple[int, int, int, int, int]:
+            logged = await _rows(stack, "SELECT count(*) AS n FROM decisions WHERE endpoint = $1", ep)
+            applied = await _rows(
+                stack,
+                "SELECT count(*) AS n, count(DISTINCT f.decision_id) AS d FROM applied_feedback f"
+                " JOIN decisions d USING (decision_id) WHERE d.endpoint = $1",
+                ep,
+            )
+            traced = await _rows(stack, "SELECT count(*) AS n FROM decision_log WHERE endpoint = $1", ep)
+            fed = await _rows(stack, "SELECT count(*) AS n FROM feedback_log")
+            return (
+                logged[0]["n"],
+                applied[0]["n"],
+                applied[0]["d"],
+                traced[0]["n"],
+                fed[0]["n"],
+            )
+
+        logged, applied, applied_decisions, traced, fed = await _settled(counts)
+        pulls = await _pulls(stack, ep)
+        figures = {
+            "made": made,
+            "logged": logged,
+            "applied": applied,
+            "applied_decisions": applied_decisions,
+            "pulls": pulls,
+            "trace_store_decisions": traced,
+            "trace_store_feedback": fed,
+            "traffic": {k: traffic.get(k) for k in ("decisions", "feedback_sent", "feedback_applied", "traces")},
+            "canary_decisions": canary["decisions"],
+        }
+        assert logged == made, figures  # no decision lost with the optimizer's buffer
+        assert applied == applied_decisions == made, figures  # one event per decision, applied once
+        assert pulls == applied, figures  # the posterior counted each applied event once
+        assert traffic["feedback_applied"] == traffic["feedback_sent"] == SIZES.traffic_decisions, figures
+        assert traced == made, figures  # the trace store's decision log: each once
+        assert fed == applied, figures  # and its feedback log
+
+        # Stage 3: one job, one version, even though the trainer died while running it.
+        training = record.training
+        assert training is not None and training["job_state"] in ("succeeded", "JOB_STATE_SUCCEEDED"), training
+        jobs = await _rows(stack, "SELECT job_id, state, attempts FROM training_jobs")
+        assert [(j["job_id"], j["state"]) for j in jobs] == [(training["job_id"], "succeeded")], jobs
+        assert jobs[0]["attempts"] >= 2, "the trainer was killed while running the job: a second pick-up"
+        versions = await _rows(stack, "SELECT name, version, job_id FROM policies")
+        assert [(v["name"], v["version"], v["job_id"]) for v in versions] == [
+            (training["policy_name"], 1, training["job_id"])
+        ], versions
+        assert canary["decision"] in ("promoted", "rolled_back", "undecided")
+
+        print(
+            f"\nkill drill: {seconds:.0f}s; "
+            + "; ".join(f"{k.service}@{k.point} down {k.down_s:.1f}s" for k in drill.kills)
+            + f"\nfigures: {figures}; evaluations {len(pairs)}; job attempts {jobs[0]['attempts']}"
+        )
+    finally:
+        await asyncio.to_thread(stop_story_stack, stack, model)
+        shutil.rmtree(root, ignore_errors=True)
