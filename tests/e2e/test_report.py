@@ -203,6 +203,7 @@ async def test_a_full_report_renders_every_plot_in_chromium(tmp_path: Path) -> N
         assert figure in seen["text"], figure
     assert NOT_RUN not in seen["text"]
     assert "Flywheel searched the support assistant's config over 96 evaluations" in seen["text"]
+    assert "trace: 12 nodes" in seen["text"]  # the source traces fold under their count
 
 
 async def test_stages_not_run_and_empty_data_render_without_errors(tmp_path: Path) -> None:

@@ -386,8 +386,11 @@ def _lineage(lineage: list[dict[str, Any]]) -> str:
         return f'<section id="lineage"><h2>{esc(title)}</h2><p class="not-run">no lineage recorded</p></section>'
     rank = {k: i for i, k in enumerate(plots.LINEAGE_KINDS)}
     ordered = sorted(nodes, key=lambda n: rank.get(str(n.get("kind")), 99))
-    traces = [n for n in ordered if n.get("kind") == "trace"]
-    others = [n for n in ordered if n.get("kind") != "trace"]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for n in ordered:
+        by_kind.setdefault(str(n.get("kind")), []).append(n)
+    # A kind with many nodes (the source traces, the canary's decisions) folds away under its count
+    many = {k for k, ns in by_kind.items() if len(ns) > LINEAGE_FROM_SHOWN or k == "trace"}
 
     def parents(n: dict[str, Any]) -> _Html:
         ids = [str(_code(f)) for f in n.get("from") or []]
@@ -397,11 +400,11 @@ def _lineage(lineage: list[dict[str, Any]]) -> str:
     def rows(items: list[dict[str, Any]]) -> list[list[Any]]:
         return [[n.get("kind"), _code(n.get("id")), parents(n)] for n in items]
 
-    table = _grid(["kind", "id", "from"], rows(others), "the chain")
-    if traces:
+    table = _grid(["kind", "id", "from"], rows([n for n in ordered if str(n.get("kind")) not in many]), "the chain")
+    for kind in (k for k in by_kind if k in many):
         table += (
-            f"<details><summary>{len(traces)} source traces</summary>"
-            f"{_grid(['kind', 'id', 'from'], rows(traces))}</details>"
+            f"<details><summary>{esc(kind)}: {len(by_kind[kind])} nodes</summary>"
+            f"{_grid(['kind', 'id', 'from'], rows(by_kind[kind]))}</details>"
         )
     made = (guard(lambda: plots.lineage_diagram(nodes), "Lineage"),)
     return f'<section id="lineage"><h2>{esc(title)}</h2>{_figures(*made)}{table}</section>'
