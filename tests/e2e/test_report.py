@@ -5,6 +5,7 @@ the CLI rebuilds the same page from a saved record. No stack needed: the record 
 
 from __future__ import annotations
 
+import ast
 import math
 import random
 import re
@@ -85,7 +86,7 @@ def realistic_record(decision: str = "promoted") -> StoryRecord:
                 "p_better": round(p, 3),
                 "canary_share": round(0.2 + d / 600, 3),
                 "canary": {"alpha": ca, "beta": cb},
-                "incumbent": {"alpha": ia, "beta": ib},
+                "incumbent": {"arm_id": "arm-a1", "alpha": ia, "beta": ib},
             }
         )
     lineage = [{"kind": "trace", "id": t, "from": []} for t in traces]
@@ -172,7 +173,11 @@ def realistic_record(decision: str = "promoted") -> StoryRecord:
         },
         canary={
             "seconds": 61.3,
+            "arm_id": CANARY_ARM,
             "decisions": 150,
+            "canary_decisions": 58,
+            "incumbent": "arm-a1",
+            "incumbent_true_rate": 0.72,
             "decision": decision,
             "arm_status": "promoted" if decision == "promoted" else "retired",
             "policy_status": "active" if decision == "promoted" else "rolled_back",
@@ -257,3 +262,19 @@ def test_the_cli_rebuilds_the_report_from_a_saved_record(tmp_path: Path, capsys:
     bad.write_text("{not json")
     assert main([str(bad)]) == 2  # in process: a second interpreter would only cost time
     assert "cannot read the record" in capsys.readouterr().err
+
+
+def test_the_default_thresholds_are_the_storys_canary_rule() -> None:
+    # The canary section may omit the rule; the plot then draws the one the story sets. Read
+    # from traffic.py's source: importing it pulls litellm (half a minute on a busy machine).
+    from flywheel.stack.story import plots
+
+    rule = next(
+        node.value
+        for node in ast.walk(ast.parse(Path(plots.__file__).with_name("traffic.py").read_text()))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CANARY_RULE" for t in node.targets)
+    )
+    assert isinstance(rule, ast.Call)
+    given = {k.arg: ast.literal_eval(k.value) for k in rule.keywords}
+    assert given["promote_probability"] == plots.PROMOTE_PROBABILITY
+    assert given["retire_probability"] == plots.RETIRE_PROBABILITY

@@ -25,9 +25,10 @@ from matplotlib.ticker import MaxNLocator
 ORIGIN_COLOURS = {"search": "#1f77b4", "rlp": "#d62728", "warm_start": "#7f7f7f", "elite": "#2ca02c"}
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 DECISION_COLOURS = {"promoted": "#2ca02c", "rolled_back": "#d62728", "undecided": "#7f7f7f"}
-# The optimizer's canary rule when the record does not carry its own (optimizer spec.py defaults).
-PROMOTE_PROBABILITY = 0.95
-RETIRE_PROBABILITY = 0.05
+# The canary rule the story puts on its endpoint (traffic.CANARY_RULE; a test keeps them equal),
+# used when the canary section does not carry its own ``promote_probability``/``retire_probability``.
+PROMOTE_PROBABILITY = 0.9
+RETIRE_PROBABILITY = 0.1
 # The lineage diagram shows at most this many nodes of one kind on a level, then "+N more".
 LINEAGE_SHOWN = 3
 
