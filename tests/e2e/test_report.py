@@ -218,6 +218,7 @@ async def test_stages_not_run_and_empty_data_render_without_errors(tmp_path: Pat
     assert seen["errors"] == [] and seen["images"] == []
     assert seen["text"].count(NOT_RUN) >= 4 + 3  # each stage's section, and the time rows of those not started
     assert "failed after 12.5 s" in seen["text"]  # started, left no section
+    assert f"{NOT_RUN}: it started and stopped after 12.5 s without a result" in seen["text"]
     assert "no lineage recorded" in seen["text"]
     assert seen["problems"] == ["no plot on the page"]  # the verdict still says why it is thin
 

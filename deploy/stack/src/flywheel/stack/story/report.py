@@ -42,12 +42,11 @@ def write_report(record: StoryRecord, path: Path) -> Path:
 
 def render(record: StoryRecord) -> str:
     """The report's HTML."""
+    timed = record.meta.get("stage_seconds") or {}
+    builders = (("optimize", _optimize), ("traffic", _traffic), ("training", _training), ("canary", _canary))
     body = [
         _header(record),
-        _section("optimize", _optimize, record.optimize),
-        _section("traffic", _traffic, record.traffic),
-        _section("training", _training, record.training),
-        _section("canary", _canary, record.canary),
+        *(_section(key, build, getattr(record, key), timed.get(key)) for key, build in builders),
         _lineage(record.lineage),
     ]
     when = _text(record.meta.get("started_at"))
@@ -72,7 +71,7 @@ figure{display:inline-block;margin:.5em .5em .5em 0;vertical-align:top}img.plot{
 .decision{font-weight:bold;padding:.1em .4em;border-radius:.3em;color:#fff}
 .promoted{background:#2ca02c}.rolled_back{background:#d62728}.undecided{background:#7f7f7f}
 code,pre{font-size:.9em}pre{background:#f7f7f7;padding:.5em;overflow-x:auto;max-width:40em}
-details{margin:.5em 0}"""
+details{margin:.5em 0}code.params{display:block;max-width:36em;overflow-wrap:anywhere}"""
 
 
 # -- small pieces --------------------------------------------------------------------------------
@@ -138,10 +137,11 @@ def _figures(*made: Plot) -> str:
     return "<div>" + "".join(out) + "</div>"
 
 
-def _section(key: str, build: Any, data: dict[str, Any] | None) -> str:
+def _section(key: str, build: Any, data: dict[str, Any] | None, timed: Any = None) -> str:
     title = dict(STAGES)[key]
     if not data:
-        return f'<section id="{key}"><h2>{esc(title)}</h2><p class="not-run">{NOT_RUN}</p></section>'
+        why = f": it started and stopped after {_seconds(timed)} without a result" if timed is not None else ""
+        return f'<section id="{key}"><h2>{esc(title)}</h2><p class="not-run">{NOT_RUN}{esc(why)}</p></section>'
     return f'<section id="{key}"><h2>{esc(title)}</h2>{build(data)}</section>'
 
 
@@ -307,7 +307,7 @@ def _traffic(t: dict[str, Any]) -> str:
         arm_rows.append(
             [
                 _code(name),
-                _Html(f"<code>{esc(short(params_text(arm.get('params')), 90))}</code>"),
+                _Html(f'<code class="params">{esc(short(params_text(arm.get("params")), 400))}</code>'),
                 arm.get("batch_score"),
                 arm.get("true_rate"),
                 post.get("mean"),
