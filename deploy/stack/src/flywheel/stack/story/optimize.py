@@ -126,7 +126,7 @@ async def optimize(ctx: StoryContext, limits: Limits = Limits()) -> None:
         ctx.progress.say(f"batch run {run.run_id} started; SAO round {sao.round_id} queued")
         final, sao_final, sao_seconds = await _watch(ctx, runs, society, run, sao.round_id, limits)
         run_seconds = time.monotonic() - started
-        _check_run(final)
+        check_run(final)
         rlp = await _rlp_stats(society, final.run_id, limits.rlp_settle_s)
         listed = await _read(
             lambda: runs.ListRunCandidates(run_pb.ListRunCandidatesRequest(run_id=final.run_id), timeout=30),
@@ -215,7 +215,8 @@ async def _watch(
             await asyncio.sleep(POLL_S)
 
 
-def _check_run(run: runs_pb2.Run) -> None:
+def check_run(run: runs_pb2.Run) -> None:
+    """Raise ``StageFailed`` unless the run succeeded with at least one evaluation that did not fail."""
     if run.state != runs_pb2.RUN_STATE_SUCCEEDED:
         raise StageFailed(
             f"stage 1: run {run.run_id} ended {runs_pb2.RunState.Name(run.state)}: {run.error or 'no error given'}"
