@@ -63,17 +63,15 @@ async def _pulls(stack: Stack, endpoint: str) -> int:
     return sum(int(s.pulls) for s in got.endpoint.stats)
 
 
-async def _settled(read, *, timeout_s: float = 60.0, interval_s: float = 0.5):
-    """``read()`` once two reads in a row agree (the bus has delivered what it holds)."""
+async def _until(read, ok, *, timeout_s: float = 90.0, interval_s: float = 0.5):
+    """``read()`` once ``ok`` holds for it, or the last read after ``timeout_s`` (events a
+    killed consumer held come back after the stream's ack wait, 30 s)."""
     deadline = time.monotonic() + timeout_s
-    last = await read()
-    while time.monotonic() < deadline:
+    while True:
+        got = await read()
+        if ok(got) or time.monotonic() > deadline:
+            return got
         await asyncio.sleep(interval_s)
-        now = await read()
-        if now == last:
-            return now
-        last = now
-    return last
 
 
 @pytest.mark.integration
@@ -87,7 +85,11 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
     began = time.monotonic()
     stack, model = await asyncio.to_thread(start_story_stack, root, SIZES)
     try:
-        record = await tell_story(stack, model, SIZES, progress=progress, hooks=drill)
+        try:
+            record = await tell_story(stack, model, SIZES, progress=progress, hooks=drill)
+        except BaseException:
+            print("\n".join(["story so far:", *progress.lines, f"drill: {drill.to_dict()}"]))
+            raise
         seconds = time.monotonic() - began
         ep = "support-assistant"
 
@@ -98,12 +100,14 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
             assert kill.exit_code == -9 and kill.pid_after != kill.pid_before, kill
             assert kill.status_after == "SERVING", kill
             assert kill.service in DEFAULT_PLAN[kill.point]
+        trainer = next(k for k in drill.kills if k.service == "trainer")
+        assert trainer.in_flight["trainer-jobs"]["ack_pending"] == 1, trainer  # killed holding the job
         for name, proc in stack.services.items():
             assert health_status(proc.address) == "SERVING", (name, proc.log_tail())
 
         # Stage 1: the batch run ended; each (candidate, case) evaluated once, counted once.
         opt = record.optimize
-        assert opt is not None and opt["state"] in ("succeeded", "RUN_STATE_SUCCEEDED"), opt
+        assert opt is not None and opt["state"] == "succeeded", opt
         evaluations = await _rows(
             stack,
             "SELECT candidate_id, test_case_id FROM run_evaluations WHERE run_id = $1",
@@ -118,6 +122,9 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
             opt["run_id"],
         )
         assert not unanswered, f"{len(unanswered)} evaluation requests of the run never answered"
+        # Racing skips what a candidate no longer needs (scores include latency: how many it
+        # skips depends on timing, killed or not); never more than the budget.
+        assert 0 < opt["evaluations"] <= opt["evaluations_total"], opt
 
         # Stage 2 (and 4): every decision logged once; every feedback event applied once.
         traffic, canary = record.traffic, record.canary
@@ -143,7 +150,9 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
                 fed[0]["n"],
             )
 
-        logged, applied, applied_decisions, traced, fed = await _settled(counts)
+        logged, applied, applied_decisions, traced, fed = await _until(
+            counts, lambda c: c[0] == c[1] == c[3] == c[4] == made
+        )
         pulls = await _pulls(stack, ep)
         figures = {
             "made": made,
@@ -165,7 +174,7 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
 
         # Stage 3: one job, one version, even though the trainer died while running it.
         training = record.training
-        assert training is not None and training["job_state"] in ("succeeded", "JOB_STATE_SUCCEEDED"), training
+        assert training is not None and training["job_state"] == "JOB_STATE_SUCCEEDED", training
         jobs = await _rows(stack, "SELECT job_id, state, attempts FROM training_jobs")
         assert [(j["job_id"], j["state"]) for j in jobs] == [(training["job_id"], "succeeded")], jobs
         assert jobs[0]["attempts"] >= 2, "the trainer was killed while running the job: a second pick-up"
@@ -173,11 +182,12 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
         assert [(v["name"], v["version"], v["job_id"]) for v in versions] == [
             (training["policy_name"], 1, training["job_id"])
         ], versions
+        assert training["version"] == 1, training
         assert canary["decision"] in ("promoted", "rolled_back", "undecided")
 
         print(
             f"\nkill drill: {seconds:.0f}s; "
-            + "; ".join(f"{k.service}@{k.point} down {k.down_s:.1f}s" for k in drill.kills)
+            + "; ".join(f"{k.service}@{k.point} down {k.down_s:.1f}s, in flight {k.in_flight}" for k in drill.kills)
             + f"\nfigures: {figures}; evaluations {len(pairs)}; job attempts {jobs[0]['attempts']}"
         )
     finally:

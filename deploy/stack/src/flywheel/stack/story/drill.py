@@ -41,6 +41,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import nats
+
+from flywheel.api.subjects import ROLES, Catalogue
 from flywheel.stack.services import SERVICES, ServiceProcess, health_status
 from flywheel.stack.story.context import POINTS, StoryContext
 
@@ -68,6 +71,9 @@ class Kill:
     serving_at_s: float  # SERVING again (health check) this long after the first kill
     down_s: float  # from SIGKILL to SERVING
     status_after: str  # the health status when the drill moved on ("SERVING")
+    # The service's JetStream consumers just before the kill: {durable: {"ack_pending": taken
+    # but not acked (dies with it), "pending": not delivered yet}}; {} for a bus-less service.
+    in_flight: dict[str, dict[str, int]]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,9 +130,10 @@ class KillDrill:
         grace = max((self.grace_s.get(name, 0.0) for name in names), default=0.0)
         if grace:
             await asyncio.sleep(grace)
+        backlog = {name: await bus_backlog(ctx, name) for name in names}
         started = [self._kill(point, proc) for proc in procs]
         await asyncio.sleep(self.restart_delay_s)
-        kills = await asyncio.gather(*(asyncio.to_thread(self._restart, *s) for s in started))
+        kills = await asyncio.gather(*(asyncio.to_thread(self._restart, *s, backlog[s[1].name]) for s in started))
         self.kills.extend(kills)
         for kill in kills:
             ctx.progress.say(
@@ -160,7 +167,15 @@ class KillDrill:
             raise RuntimeError(f"kill drill at {point}: {proc.name} (pid {pid}) survived SIGKILL for 10 s")
         return point, proc, pid, killed_at, code
 
-    def _restart(self, point: str, proc: ServiceProcess, pid: int, killed_at: float, code: int | None) -> Kill:
+    def _restart(
+        self,
+        point: str,
+        proc: ServiceProcess,
+        pid: int,
+        killed_at: float,
+        code: int | None,
+        in_flight: dict[str, dict[str, int]],
+    ) -> Kill:
         proc.start()
         proc.wait_serving(self.serving_timeout_s)
         serving_at = self._now()
@@ -176,4 +191,26 @@ class KillDrill:
             serving_at_s=round(serving_at, 3),
             down_s=round(serving_at - killed_at, 3),
             status_after=health_status(proc.address),
+            in_flight=in_flight,
         )
+
+
+async def bus_backlog(ctx: StoryContext, service: str) -> dict[str, dict[str, int]]:
+    """What ``service``'s durable consumers hold right now (as the NATS admin sees them)."""
+    durables = ROLES[service].consumes if service in ROLES and ROLES[service].uses_bus else ()
+    if not durables:
+        return {}
+    env = ctx.stack.servers.env()
+    catalogue = Catalogue(env["FLYWHEEL_NATS_NAMESPACE"])
+    nc = await nats.connect(
+        env["FLYWHEEL_NATS_URL"], user=env["FLYWHEEL_NATS_USER"], password=env["FLYWHEEL_NATS_PASSWORD"]
+    )
+    try:
+        js = nc.jetstream()
+        found: dict[str, dict[str, int]] = {}
+        for durable in durables:
+            info = await js.consumer_info(catalogue.consumer(durable).stream, durable)
+            found[durable] = {"ack_pending": int(info.num_ack_pending or 0), "pending": int(info.num_pending or 0)}
+        return found
+    finally:
+        await nc.close()
