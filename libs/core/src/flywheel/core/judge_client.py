@@ -38,7 +38,12 @@ class JudgeClient:
 
     With ``tls`` the channel is TLS (mTLS when it holds a client certificate); whether a
     token may travel without it is decided by the caller's settings. ``address_setting`` is
-    the name of the setting that holds the address, quoted when none is configured."""
+    the name of the setting that holds the address, quoted when none is configured.
+
+    ``wait_for_ready``: a call made while the judge is down (restarting, or killed with the
+    call in flight) waits up to ``timeout_s`` for it to come back instead of failing within
+    the retries' 1.2 s; for callers in no hurry (the society's SAO rounds), not for the
+    evaluator or a trainer's reward, which leave a missing judgement out at once."""
 
     def __init__(
         self,
@@ -49,6 +54,7 @@ class JudgeClient:
         timeout_s: float = 30.0,
         attempts: int = 3,
         address_setting: str = "the reward judge address",
+        wait_for_ready: bool = False,
     ) -> None:
         self.address = address
         self._tls = tls
@@ -56,6 +62,7 @@ class JudgeClient:
         self._timeout_s = timeout_s
         self._attempts = attempts
         self._address_setting = address_setting
+        self._wait_for_ready = wait_for_ready
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.RewardJudgeServiceStub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -76,7 +83,9 @@ class JudgeClient:
         stub = self._ready()
         for attempt in range(1, self._attempts + 1):
             try:
-                return await getattr(stub, method)(request, timeout=self._timeout_s, metadata=self._metadata)
+                return await getattr(stub, method)(
+                    request, timeout=self._timeout_s, metadata=self._metadata, wait_for_ready=self._wait_for_ready
+                )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _TRANSIENT and attempt < self._attempts:
                     await asyncio.sleep(0.2 * 2**attempt)

@@ -45,6 +45,7 @@ def judge_client(settings: SocietySettings) -> JudgeClient | None:
         tls=settings.link_tls("judge"),
         timeout_s=settings.judge_timeout_s,
         address_setting=SocietySettings.env_var("judge_address"),
+        wait_for_ready=True,  # a round outlives a judge restart (each call waits up to judge_timeout_s)
     )
 
 
