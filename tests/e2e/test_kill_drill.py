@@ -87,6 +87,7 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
     try:
         try:
             record = await tell_story(stack, model, SIZES, progress=progress, hooks=drill)
+            await drill.settled()
         except BaseException:
             print("\n".join(["story so far:", *progress.lines, f"drill: {drill.to_dict()}"]))
             raise
@@ -100,8 +101,10 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
             assert kill.exit_code == -9 and kill.pid_after != kill.pid_before, kill
             assert kill.status_after == "SERVING", kill
             assert kill.service in DEFAULT_PLAN[kill.point]
-        trainer = next(k for k in drill.kills if k.service == "trainer")
-        assert trainer.in_flight["trainer-jobs"]["ack_pending"] == 1, trainer  # killed holding the job
+        killed = {k.service: k for k in drill.kills}
+        assert killed["trainer"].in_flight["trainer-jobs"]["ack_pending"] == 1, killed["trainer"]  # held the job
+        # The product went on while the trace store was dead: its events waited on the bus.
+        assert sum(c["pending"] for c in killed["trace_store"].queued_while_down.values()) > 0, killed["trace_store"]
         for name, proc in stack.services.items():
             assert health_status(proc.address) == "SERVING", (name, proc.log_tail())
 
@@ -185,9 +188,13 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
         assert training["version"] == 1, training
         assert canary["decision"] in ("promoted", "rolled_back", "undecided")
 
+        kills = [
+            f"{k.service}@{k.point} down {k.down_s:.1f}s held {k.in_flight} queued {k.queued_while_down}"
+            for k in drill.kills
+        ]
         print(
             f"\nkill drill: {seconds:.0f}s; "
-            + "; ".join(f"{k.service}@{k.point} down {k.down_s:.1f}s, in flight {k.in_flight}" for k in drill.kills)
+            + "\n".join(kills)
             + f"\nfigures: {figures}; evaluations {len(pairs)}; job attempts {jobs[0]['attempts']}"
         )
     finally:
