@@ -1,180 +1,201 @@
-"""The first loop, on a real local stack, told as it happens.
+"""The whole loop on one machine, told as it happens (``./dev demo``).
 
-Starts NATS, PostgreSQL, S3 and the six services; creates an endpoint with three arms;
-serves simulated requests through the SDK (Select over gRPC, feedback over NATS, with a
-hidden true success rate per arm); sends one feedback event twice to show it counts
-once; reads the decision back from the trace store; prints the posteriors; stops.
+Starts NATS, PostgreSQL, S3, the six services and the local model server, then tells the story
+of one support-assistant endpoint with progress bars: (1) batch optimization of its config
+with the society on (RLP proposals, an SAO round); (2) the best configs as arms under
+simulated product traffic with a hidden ground truth (Select through the SDK, feedback and
+traces); (3) pairs from the traces plus the SAO pairs → a DPO job with LoRA on the CPU →
+policy v1, a canary arm served by the model server; (4) the bandit promotes or rolls back the
+canary and the registry follows. Writes an HTML report (and the record as JSON beside it),
+prints a summary, and stops everything it started, on error and Ctrl-C too.
 
-    python -m flywheel.stack.demo [--requests 300] [--keep]
+    python -m flywheel.stack.demo [--report demo-report.html] [--sizes demo|e2e] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
+import os
 import shutil
+import signal
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-import grpc
-import nats
 from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from flywheel.api.common.v1.common_pb2 import EventMeta
-from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
-from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
-from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
-from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
-from flywheel.api.subjects import Catalogue
-from flywheel.api.traces.v1 import trace_store_service_pb2 as ts_pb
-from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as ts_grpc
-from flywheel.sdk import FlywheelClient
-from flywheel.stack.stack import Stack
+from flywheel.stack.story.context import StorySizes
+from flywheel.stack.story.record import StoryRecord
 
 console = Console()
-# Hidden truth of the simulation: the probability each arm's answer satisfies the user.
-TRUE_RATES = {"small-cheap": 0.35, "large-careful": 0.70, "large-creative": 0.50}
-ARM_PARAMS = {
-    "small-cheap": {"model": "gpt-4o-mini", "temperature": 0.2},
-    "large-careful": {"model": "gpt-4o", "temperature": 0.1},
-    "large-creative": {"model": "gpt-4o", "temperature": 0.9},
-}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
-async def run_loop(stack: Stack, requests: int) -> None:
-    optimizer = stack.services["optimizer"].address
-    env = stack.servers.env(nats_role="product")  # the demo plays a product: feedback only
-    async with grpc.aio.insecure_channel(optimizer) as channel:
-        admin = admin_grpc.EndpointAdminServiceStub(channel)
-        arms = []
-        for arm_id, params in ARM_PARAMS.items():
-            arm = ep_pb.Arm(arm_id=arm_id)
-            arm.params.update(params)
-            arms.append(arm)
-        await admin.CreateEndpoint(
-            admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name="support-bot", arms=arms))
+class _RichBar:
+    def __init__(self, progress: Progress, task: Any) -> None:
+        self.progress, self.task = progress, task
+
+    def update(self, *, completed: float | None = None, total: float | None = None, note: str = "") -> None:
+        fields: dict[str, Any] = {"note": note}
+        if completed is not None:
+            fields["completed"] = completed
+        if total is not None:
+            fields["total"] = total
+        self.progress.update(self.task, **fields)
+
+
+class RichProgress:
+    """StoryProgress as rich progress bars (one per stage step) and printed lines."""
+
+    def __init__(self, out: Console) -> None:
+        self.console = out
+
+    @contextmanager
+    def bar(self, description: str, total: float | None) -> Iterator[_RichBar]:
+        columns = (
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("[dim]{task.fields[note]}"),
         )
-        console.print("[bold]1.[/] Created endpoint [cyan]support-bot[/] with arms " + ", ".join(ARM_PARAMS))
+        with Progress(*columns, console=self.console) as progress:
+            task = progress.add_task(description, total=total, note="")
+            bar = _RichBar(progress, task)
+            yield bar
+            if total is not None:
+                progress.update(task, completed=progress.tasks[0].total)
 
-        rng = random.Random(7)  # noqa: S311 - a reproducible simulation, not a secret
-        chosen: dict[str, int] = dict.fromkeys(ARM_PARAMS, 0)
-        async with FlywheelClient(
-            target=optimizer,
-            nats_url=env["FLYWHEEL_NATS_URL"],
-            nats_user=env["FLYWHEEL_NATS_USER"],
-            nats_password=env["FLYWHEEL_NATS_PASSWORD"],
-            source="demo",
-        ) as fw:
-            first = None
-            with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("serving requests (Select + feedback)", total=requests)
-                for i in range(requests):
-                    decision = await fw.select("support-bot", user_id=f"user-{i % 25}", context={"lang": "en"})
-                    first = first or decision
-                    chosen[decision.arm_id] += 1
-                    reward = 1.0 if rng.random() < TRUE_RATES[decision.arm_id] else 0.0
-                    await fw.feedback(decision, reward=reward, event_id=f"fb-{decision.decision_id}")
-                    progress.advance(task)
-            console.print(f"[bold]2.[/] Served {requests} requests; arms chosen: {chosen}")
+    def say(self, text: str) -> None:
+        self.console.print(f"  {text}")
 
-            # The same feedback event again, as a producer retrying after JetStream's
-            # 10-minute dedup window would send it: same event id, new NATS message id.
-            # Only the optimizer's applied_feedback table stands between it and a double count.
-            assert first is not None
-            await resend_feedback(env, first.decision_id, f"fb-{first.decision_id}")
-            console.print(
-                f"[bold]3.[/] Re-sent the feedback of decision {first.decision_id[:8]}… "
-                "(same event id, new NATS message id)"
-            )
 
-        deadline = time.monotonic() + 30
-        while True:
-            got = (await admin.GetEndpoint(admin_pb.GetEndpointRequest(name="support-bot"))).endpoint
-            applied = sum(s.pulls for s in got.stats)
-            if applied >= requests or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)  # give a wrongly applied duplicate time to show up
-        got = (await admin.GetEndpoint(admin_pb.GetEndpointRequest(name="support-bot"))).endpoint
-        applied = sum(s.pulls for s in got.stats)
+def _f(value: Any, spec: str = ".3f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
 
-    table = Table(title="Posteriors in PostgreSQL (Beta, prior 1,1)")
-    for col in ("arm", "true rate", "pulls", "alpha", "beta", "mean", "95% interval"):
-        table.add_column(col, justify="right" if col != "arm" else "left")
-    for s in got.stats:
-        table.add_row(
-            s.arm_id,
-            f"{TRUE_RATES[s.arm_id]:.2f}",
-            str(s.pulls),
-            f"{s.alpha:.0f}",
-            f"{s.beta:.0f}",
-            f"{s.mean:.3f}",
-            f"[{s.ci_low:.3f}, {s.ci_high:.3f}]",
+
+def summary(record: StoryRecord) -> list[str]:
+    """One or two lines of figures per stage, as the report has them."""
+    lines: list[str] = []
+    stage_s = record.meta.get("stage_seconds", {})
+    if (o := record.optimize) is not None:
+        sao = o.get("sao") or {}
+        rlp = o.get("rlp") or {}
+        lines.append(
+            f"1. optimize ({_f(stage_s.get('optimize'), '.0f')} s): {o.get('evaluations')} evaluations "
+            f"({o.get('evaluations_failed')} failed), best score {_f(o.get('best_score'))}; "
+            f"RLP {rlp.get('proposals', 0)} proposals; "
+            f"SAO {sao.get('pairs', 0)} pairs kept of {sao.get('attempted', 0)}"
         )
-    console.print(table)
-    verdict = "[green]once[/]" if applied == requests else f"[red]{applied} times for {requests} events[/]"
-    console.print(
-        f"[bold]4.[/] Feedback applied {applied} times for {requests} distinct events "
-        f"+ 1 duplicate: each counted {verdict}. Incumbent: [cyan]{got.incumbent_arm_id or '(none yet)'}[/]"
-    )
-
-    async with grpc.aio.insecure_channel(stack.services["trace_store"].address) as channel:
-        record = (
-            await ts_grpc.TraceStoreServiceStub(channel).GetDecision(
-                ts_pb.GetDecisionRequest(decision_id=first.decision_id)
-            )
-        ).decision
-    console.print(
-        f"[bold]5.[/] Trace store has decision {record.decision_id[:8]}…: arm {record.arm_id}, "
-        f"p={record.probability:.3f}, user {record.user_id}, feedback "
-        f"{[(f.event_id[:11] + '…', f.reward) for f in record.feedback]}"
-    )
-    if applied != requests:
-        raise SystemExit("feedback was not applied exactly once")
-
-
-async def resend_feedback(env: dict[str, str], decision_id: str, event_id: str) -> None:
-    nc = await nats.connect(
-        env["FLYWHEEL_NATS_URL"], user=env["FLYWHEEL_NATS_USER"], password=env["FLYWHEEL_NATS_PASSWORD"]
-    )
-    event = FeedbackEvent(
-        meta=EventMeta(event_id=event_id, source="demo-retry"),
-        decision_id=decision_id,
-        endpoint="support-bot",
-        reward=1.0,
-    )
-    await nc.jetstream().publish(
-        Catalogue().feedback("support-bot"), event.SerializeToString(), headers={"Nats-Msg-Id": f"retry-{event_id}"}
-    )
-    await nc.close()
+    if (t := record.traffic) is not None:
+        rates = ", ".join(f"{a['arm_id']} {_f(a.get('true_rate'), '.2f')}" for a in t.get("arms", []))
+        lines.append(
+            f"2. traffic ({_f(stage_s.get('traffic'), '.0f')} s): {t['decisions']} decisions, feedback applied "
+            f"{t['feedback_applied']} times, {t['traces']} traces rewarded; incumbent {t.get('incumbent') or '-'} "
+            f"(hidden rates: {rates})"
+        )
+    if (tr := record.training) is not None:
+        losses = [s["loss"] for s in tr.get("steps", [])]
+        curve = f"loss {_f(losses[0])} → {_f(losses[-1])}" if losses else "no steps reported"
+        lines.append(
+            f"3. training ({_f(stage_s.get('training'), '.0f')} s): {tr['trace_pairs']} trace pairs + "
+            f"{tr['sao_pairs']} SAO pairs → job {tr['job_id']} ({tr['job_state']}, {len(losses)} steps, {curve}) "
+            f"→ {tr['policy_name']} v{tr['version']} as canary arm {tr['arm_id']}"
+        )
+    if (c := record.canary) is not None:
+        p = c["timeline"][-1]["p_better"] if c.get("timeline") else None
+        lines.append(
+            f"4. canary ({_f(stage_s.get('canary'), '.0f')} s): {c['decision']} after {c['decisions']} decisions "
+            f"({c['canary_decisions']} to the canary, P(better) {_f(p, '.2f')}); registry: {c['policy_status']}"
+        )
+    return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--keep", action="store_true", help="keep the data folder afterwards")
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="flywheel-demo-"))
-    stack = Stack.create(root)
-    started = time.monotonic()
-    with console.status("starting NATS, PostgreSQL, S3 and six services on loopback…"):
-        stack.up()
-    console.print(f"Stack up in {time.monotonic() - started:.1f}s — data and logs in {root}")
-    for name, proc in stack.services.items():
-        console.print(f"  {name:13s} grpc {proc.address}  SERVING")
+def write_outputs(record: StoryRecord, report: Path) -> tuple[Path, Path | None]:
+    """The record as JSON beside the report, and the report (when the report module is there)."""
+    report.parent.mkdir(parents=True, exist_ok=True)
+    saved = record.save(report.with_suffix(".json"))
     try:
-        asyncio.run(run_loop(stack, args.requests))
+        from flywheel.stack.story.report import write_report
+    except ImportError:
+        return saved, None
+    return saved, write_report(record, report)
+
+
+def _stop_on_sigterm() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", type=Path, default=Path("demo-report.html"), help="where the HTML report goes")
+    parser.add_argument("--sizes", choices=("demo", "e2e"), default="demo", help="how big each stage is")
+    parser.add_argument("--keep", action="store_true", help="keep the data and logs folder afterwards")
+    args = parser.parse_args(argv)
+    for key, value in OFFLINE.items():
+        os.environ.setdefault(key, value)
+    _stop_on_sigterm()
+    from flywheel.stack.story.run import start_story_stack, stop_story_stack
+
+    sizes = StorySizes.demo() if args.sizes == "demo" else StorySizes.e2e()
+    root = Path(tempfile.mkdtemp(prefix="flywheel-demo-"))
+    began = time.monotonic()
+    told: list[StoryRecord] = []  # the record, also when a stage fails (the stages done still make a report)
+    failed: BaseException | None = None
+    try:
+        with console.status("starting the model server, NATS, PostgreSQL, S3 and six services on loopback…"):
+            stack, model = start_story_stack(root, sizes)
+        console.print(f"Stack and model server up in {time.monotonic() - began:.0f} s (data and logs in {root})")
+        try:
+            asyncio.run(_tell(stack, model, sizes, RichProgress(console), told))
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - reported below, with the report so far
+            failed = exc
+        finally:
+            with console.status("stopping everything (SIGTERM, drain)…"):
+                stop_story_stack(stack, model)
+            console.print("Stopped everything the demo started.")
     finally:
-        with console.status("stopping everything (SIGTERM, drain)…"):
-            stack.down()
-        console.print("Stack stopped.")
-        if not args.keep:
+        if args.keep:
+            console.print(f"data and logs kept in {root}")
+        else:
             shutil.rmtree(root, ignore_errors=True)
+    record = told[0] if told else None
+    if record is not None:
+        record.meta["wall_seconds"] = round(time.monotonic() - began, 1)
+        saved, report = write_outputs(record, args.report)
+        for line in summary(record):
+            console.print(line)
+        console.print(f"Record: {saved}")
+        if report is not None:
+            console.print(f"[bold]Report: {report.resolve()}[/]")
+    console.print(f"Finished in {time.monotonic() - began:.0f} s.")
+    if failed is not None:
+        if isinstance(failed, KeyboardInterrupt):
+            console.print("[red]Interrupted.[/]")
+            return 130
+        console.print(f"[red]The story stopped: {type(failed).__name__}: {failed}[/]")
+        return 1
+    return 0
+
+
+async def _tell(stack: Any, model: Any, sizes: StorySizes, progress: RichProgress, told: list[StoryRecord]) -> None:
+    """``tell_story``, with the record handed out before the first stage runs."""
+    from flywheel.stack.story.run import run_stages, stages, story_context
+
+    ctx = story_context(stack, model, sizes, progress=progress)
+    told.append(ctx.record)
+    await run_stages(ctx, stages())
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

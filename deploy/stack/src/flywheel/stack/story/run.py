@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,8 +20,10 @@ import httpx
 
 from flywheel.stack.servers import ModelServer
 from flywheel.stack.stack import Stack
+from flywheel.stack.story import world
 from flywheel.stack.story.context import QuietProgress, StoryContext, StoryHooks, StoryProgress, StorySizes
 from flywheel.stack.story.record import StoryRecord
+from flywheel.stack.story.training import trainer_base
 
 Stage = Callable[[StoryContext], Awaitable[None]]
 REPO = Path(__file__).resolve().parents[5]
@@ -59,11 +60,6 @@ class StoryModelServer(ModelServer):
         return kwargs
 
 
-def trainer_base(served: str) -> str:
-    """The trainer's base_model for what the model server serves: adapters must fit its base."""
-    return "smollm2" if "smollm2" in served.lower() else "tiny"
-
-
 def served_model(model: ModelServer) -> str:
     """The model server's base model name (the first that /v1/models lists)."""
     listed = httpx.get(f"{model.url}/models", headers={"Authorization": f"Bearer {model.api_key}"}, timeout=10)
@@ -73,10 +69,9 @@ def served_model(model: ModelServer) -> str:
 
 def start_story_stack(root: Path, sizes: StorySizes) -> tuple[Stack, ModelServer]:
     """Create and start the six services (with NATS, PostgreSQL, S3) under ``root/stack`` and
-    the model server under ``root/modelserver``, wired for the story: the trainer enrols
-    canaries on the optimizer and asks the model server to load their adapters. Both start
-    at once (the model server's first start converts its model). On failure nothing started
-    is left running."""
+    the model server under ``root/modelserver``, wired for the story (``world.prepare_stack``;
+    the trainer enrols canaries on the optimizer and asks the model server to load their
+    adapters). On failure nothing started is left running."""
     stack = Stack.create(root / "stack")
     model = StoryModelServer(root / "modelserver", model=sizes.base_model, s3_env=stack.servers.env())
     trainer = stack.services["trainer"].env
@@ -86,16 +81,9 @@ def start_story_stack(root: Path, sizes: StorySizes) -> tuple[Stack, ModelServer
     trainer["FLYWHEEL_TRAINER_MODELSERVER_API_KEY"] = model.api_key
     trainer.setdefault("FLYWHEEL_TRAINER_WORK_DIR", str(root / "trainer-work"))
     try:
-        from flywheel.stack.story import world
-    except ImportError:  # stage 1's world is not there: the stack as it is
-        world = None  # type: ignore[assignment]
-    if world is not None:
+        model.start()  # first: the society and the judge are told its served model name
         world.prepare_stack(stack, model)
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            started = [pool.submit(stack.up), pool.submit(model.start)]
-            for future in started:
-                future.result()
+        stack.up()
     except BaseException:
         stop_story_stack(stack, model)
         raise
