@@ -23,6 +23,7 @@ from typing import Any
 
 from flywheel.modelserver.loading import BaseModel
 from flywheel.modelserver.protocol import ChatRequest, CompletionRequest, RequestError
+from flywheel.modelserver.structured import Grammars, grammar_for, sampling_overrides
 
 _END = object()
 
@@ -36,6 +37,7 @@ class Prepared:
     input_ids: Any
     max_new_tokens: int
     request: ChatRequest | CompletionRequest
+    grammar: str | None = None  # the response_format to enforce (llguidance grammar), if any
 
 
 @dataclass
@@ -89,6 +91,11 @@ class Engine:
             self._attach(name, Path(path))
             self.adapters[name] = str(path)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="generate")
+        eos = base.model.generation_config.eos_token_id
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos_ids:
+            eos_ids.append(self.tokenizer.eos_token_id)
+        self.grammars = Grammars(self.tokenizer, int(base.model.config.vocab_size), eos_ids)
 
     def model_names(self) -> list[str]:
         return [self.base.name, *self.adapters]
@@ -182,7 +189,7 @@ class Engine:
                 f"({min(self.max_tokens_cap, room)}: cap {self.max_tokens_cap}, context room {room})",
                 param="max_tokens",
             )
-        return Prepared(request.model, adapter, ids, wanted, request)
+        return Prepared(request.model, adapter, ids, wanted, request, grammar_for(request.response_format))
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         """Bind a legacy completions request to a model and tokenise its prompt as vLLM does
@@ -215,7 +222,8 @@ class Engine:
                 f"({allowed}: cap {self.max_tokens_cap}, context room {room})",
                 param="max_tokens",
             )
-        return Prepared(request.model, adapter, torch.tensor([ids]), request.max_tokens, request)
+        grammar = grammar_for(request.response_format)
+        return Prepared(request.model, adapter, torch.tensor([ids]), request.max_tokens, request, grammar)
 
     async def complete_scored(self, prepared: Prepared, *, top_k: int | None) -> Scored:
         """Generate ``prepared.max_new_tokens`` tokens (none for 0), then, with ``top_k`` not
@@ -333,6 +341,15 @@ class Engine:
             if request.temperature > 0:
                 sampling = {"do_sample": True, "temperature": request.temperature, "top_p": request.top_p}
             stops = request.stop_list()
+            processors = None
+            if prepared.grammar is not None:
+                processors = self.grammars.processors(
+                    prepared.grammar,
+                    prompt_len=int(prepared.input_ids.shape[1]),
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                )
+                sampling = sampling_overrides(request.temperature, request.top_p)
             with self._adapter(prepared.adapter), torch.inference_mode():
                 input_ids = prepared.input_ids.to(self.base.device)
                 out = self.model.generate(
@@ -340,6 +357,7 @@ class Engine:
                     attention_mask=torch.ones_like(input_ids),
                     max_new_tokens=prepared.max_new_tokens,
                     stopping_criteria=StoppingCriteriaList([Cancelled()]),
+                    logits_processor=processors,
                     stop_strings=stops or None,
                     tokenizer=self.tokenizer if stops else None,
                     streamer=streamer,

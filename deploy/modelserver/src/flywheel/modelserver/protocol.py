@@ -56,6 +56,32 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: a named JSON schema the answer must follow
+    (``strict`` and ``description`` are accepted; the schema is always enforced)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON
+    object) or ``json_schema`` (an object following ``json_schema.schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object ({"name": ..., "schema": {...}})')
+        return self
+
+
 class ChatRequest(BaseModel):
     """The fields of a chat completions request this server honours."""
 
@@ -72,6 +98,7 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("n")
     @classmethod
@@ -191,6 +218,7 @@ class CompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("n")
     @classmethod
