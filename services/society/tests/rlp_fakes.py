@@ -55,8 +55,16 @@ class FakeThinker:
         self.script = list(script)
         self.calls: list[dict[str, Any]] = []
 
-    async def __call__(self, messages, *, model, temperature, max_tokens):
-        self.calls.append({"messages": messages, "model": model, "temperature": temperature, "max": max_tokens})
+    async def __call__(self, messages, *, model, temperature, max_tokens, response_format=None):
+        self.calls.append(
+            {
+                "messages": messages,
+                "model": model,
+                "temperature": temperature,
+                "max": max_tokens,
+                "response_format": response_format,
+            }
+        )
         item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(item, BaseException):
             raise item

@@ -23,9 +23,21 @@ from flywheel.core.settings import DatabaseSettings
 from flywheel.society.models import RlpExperienceRow, RlpPolicyRow, RlpProposalRow, RlpStepRow
 from flywheel.society.rlp import buffer
 from flywheel.society.rlp.information_gain import OutcomeScore, ScoringError
+from flywheel.society.rlp.schema import thoughts_response_format
 from flywheel.society.rlp.stats import rlp_stats
 
-from .rlp_fakes import GOOD, FakePublisher, FakeRuns, FakeThinker, answer, delivery, make_service, progress, run_config
+from .rlp_fakes import (
+    GOOD,
+    SPACE,
+    FakePublisher,
+    FakeRuns,
+    FakeThinker,
+    answer,
+    delivery,
+    make_service,
+    progress,
+    run_config,
+)
 
 pytestmark = [pytest.mark.timeout(120)]
 RUN = "run-a"
@@ -62,6 +74,10 @@ async def rows(sessions, model):
         ("", "llm_empty"),
         ("sleep", "llm_timeout"),
         (RuntimeError("provider answered 500"), "llm_error"),
+        (
+            RuntimeError("BadRequestError: response_format is not supported by this model"),
+            "llm_rejected_response_format",
+        ),
         (answer(("only one thought", [(0.5, 128, 0.5)])), "no_prediction"),
     ],
 )
@@ -118,7 +134,22 @@ async def test_one_step_per_generation_and_proposals_published_once(sessions) ->
     assert [m for *_, m in publisher.sent[2:]] == [m for *_, m in publisher.sent[:2]]
     assert len(await rows(sessions, RlpStepRow)) == 1 and len(await rows(sessions, RlpProposalRow)) == 2
     assert think.calls[0]["temperature"] == 0.7 and think.calls[0]["max"] == 500
+    # The thoughts' schema goes with the request (FLYWHEEL_SOCIETY_RLP_STRUCTURED_OUTPUT, default on).
+    fmt = think.calls[0]["response_format"]
+    assert fmt == thoughts_response_format(
+        SPACE["parameters"], n_thoughts=2, proposals_per_thought=2, thought_length=500, scores=[0.4, 0.7]
+    )
     assert runs.config_calls == 2  # the run config is fetched once per run by each replica
+
+
+async def test_structured_output_can_be_turned_off(sessions) -> None:
+    runs = FakeRuns(run_config())
+    think = FakeThinker(GOOD)
+    service = make_service(sessions, runs, think, rlp_structured_output=False)
+    await service.on_progress(progress(RUN, 0), delivery())
+    assert think.calls[0]["response_format"] is None
+    (step,) = await rows(sessions, RlpStepRow)
+    assert step.state == "proposed"
 
 
 class FakeScorer:

@@ -45,6 +45,9 @@ class SocietySettings(ClientLinks, ServiceSettings):
     rlp_train_base_model: str = ""  # the trainer's base model id for the reasoning policy
     # A step whose LLM call outlasts this fails ("llm_timeout"); the run does not wait.
     step_timeout_s: float = Field(120.0, gt=0)
+    # Send the thoughts' JSON schema as the request's response_format, for servers that
+    # enforce it while generating (the local model server, vLLM); see rlp/schema.py.
+    rlp_structured_output: bool = True
 
     # SAO: submit a preference job when a dataset has at least this many training pairs.
     sao_train_threshold: int = Field(200, ge=1)

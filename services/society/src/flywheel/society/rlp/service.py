@@ -9,7 +9,10 @@ It follows run progress (the ``society-run-progress`` consumer). For a run whose
   predicted scores. The best-predicted new configs go to the run as ``ProposalEvent``s (source
   RLP, the thought as rationale); the optimizer races them in generation g. A model that
   answers prose, nothing, or not in time makes a *failed* step with its reason and no
-  proposal; the run never waits for the society.
+  proposal; the run never waits for the society. With ``FLYWHEEL_SOCIETY_RLP_STRUCTURED_OUTPUT``
+  (default on) the request carries the thoughts' JSON schema as ``response_format``
+  (``rlp/schema.py``), which the local model server enforces while generating; a provider
+  that refuses it fails the step as ``llm_rejected_response_format``.
 * **Resolution** - once the run is past g (or finished), each proposal's observed score and
   whether it beat its generation's median are recorded, and each thought whose configs were
   evaluated is rewarded with its information gain about the outcome (log-probabilities from
@@ -62,6 +65,7 @@ from flywheel.society.rlp.policy_training import PolicyTraining
 from flywheel.society.rlp.propose import SpaceError, choose_proposals
 from flywheel.society.rlp.resolution import Resolution, resolve, step_gae, thoughts_from_json, thoughts_to_json
 from flywheel.society.rlp.reward import thought_reward
+from flywheel.society.rlp.schema import thoughts_response_format
 from flywheel.society.rlp.thoughts import ParseResult, ProposedConfig, Thought, parse_thoughts
 from flywheel.society.runsettings import RunSociety, RunSocietyError, choose_model, parse_run_society
 from flywheel.society.settings import SocietySettings
@@ -73,13 +77,21 @@ FINISHED = {runs_pb2.RUN_STATE_SUCCEEDED, runs_pb2.RUN_STATE_FAILED, runs_pb2.RU
 RATIONALE_CHARS = 2000
 CONFIG_CACHE = 1024
 BAD_CONFIG_GENERATION = -1  # the one failed step recorded for a run whose society block is unusable
+REJECTED_FORMAT = "llm_rejected_response_format"
 
 
 class Thinker(Protocol):
-    """The reasoning model: chat messages in, the answer's text out (may raise)."""
+    """The reasoning model: chat messages in, the answer's text out (may raise).
+    ``response_format``: OpenAI's, to pass on (None: ask for nothing)."""
 
     async def __call__(
-        self, messages: list[dict[str, str]], *, model: str, temperature: float, max_tokens: int
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str,
+        temperature: float,
+        max_tokens: int,
+        response_format: dict[str, Any] | None = None,
     ) -> str: ...
 
 
@@ -99,9 +111,26 @@ class LlmThinker:
             await load_litellm()
             self._client = LlmClient(self._settings.llm)
 
-    async def __call__(self, messages: list[dict[str, str]], *, model: str, temperature: float, max_tokens: int) -> str:
+    async def __call__(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str,
+        temperature: float,
+        max_tokens: int,
+        response_format: dict[str, Any] | None = None,
+    ) -> str:
         await self.warm()
-        got = await self._client.complete(messages, model=model, temperature=temperature, max_tokens=max_tokens)
+        # drop_params: LiteLLM leaves response_format out for providers it knows lack it; one
+        # that still refuses it fails the step as "llm_rejected_response_format".
+        got = await self._client.complete(
+            messages,
+            model=model,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            response_format=response_format,
+            drop_params=True,
+        )
         return got.text
 
 
@@ -120,9 +149,13 @@ def expected_information_gain(sigma: float | None, history_sd: float | None, fal
     return max(0.0, math.log(history_sd / s))
 
 
-def _failure_reason(exc: BaseException) -> str:
+def _failure_reason(exc: BaseException, *, structured: bool = False) -> str:
     # LiteLLM's Timeout derives from openai.APITimeoutError; neither is imported here.
-    return "llm_timeout" if isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower() else "llm_error"
+    if isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower():
+        return "llm_timeout"
+    if structured and "response_format" in str(exc):
+        return REJECTED_FORMAT
+    return "llm_error"
 
 
 class RlpService:
@@ -320,16 +353,35 @@ class RlpService:
             proposals_per_thought=rlp.proposals_per_thought,
             examples=examples,
         )
+        response_format = None
+        if self._settings.rlp_structured_output:
+            response_format = thoughts_response_format(
+                parameters,
+                n_thoughts=rlp.num_thoughts,
+                proposals_per_thought=rlp.proposals_per_thought,
+                thought_length=rlp.thought_length,
+                scores=[h["score"] for h in history],
+            )
         started = time.perf_counter()
         try:
             text = await asyncio.wait_for(
-                self._think(messages, model=model, temperature=rlp.temperature, max_tokens=rlp.thought_length),
+                self._think(
+                    messages,
+                    model=model,
+                    temperature=rlp.temperature,
+                    max_tokens=rlp.thought_length,
+                    response_format=response_format,
+                ),
                 self._settings.step_timeout_s,
             )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any provider failure is this step's failure
-            await self._fail(step_id, _failure_reason(exc), f"{type(exc).__name__}: {exc}", context=context)
+            reason = _failure_reason(exc, structured=response_format is not None)
+            detail = f"{type(exc).__name__}: {exc}"
+            if reason == REJECTED_FORMAT:
+                detail = f"{detail} (set {self._settings.env_var('rlp_structured_output')}=false for this provider)"
+            await self._fail(step_id, reason, detail, context=context)
             return
         if not (text or "").strip():
             await self._fail(step_id, "llm_empty", "the reasoning model returned nothing", context=context)
