@@ -32,10 +32,10 @@ class StorySizes:
     ``e2e()`` for the end-to-end test and the kill drill (a tiny model, a few steps)."""
 
     base_model: str = "auto"  # the model server's and the trainer's base: auto, smollm2 or tiny
-    test_cases: int = 8
+    test_cases: int = 6
     population: int = 4
     generations: int = 3
-    sao_personas: int = 6
+    sao_personas: int = 4
     arms: int = 3
     traffic_decisions: int = 300
     canary_max_decisions: int = 400
@@ -54,8 +54,8 @@ class StorySizes:
             population=3,
             generations=2,
             sao_personas=3,
-            arms=2,
-            traffic_decisions=60,
+            arms=3,
+            traffic_decisions=150,  # 16 questions x 3 arms: enough pairs for the trainer's 10 rows
             canary_max_decisions=200,
             dpo_steps=2,
         )

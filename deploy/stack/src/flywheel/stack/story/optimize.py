@@ -57,8 +57,8 @@ class Limits:
     """How long stage 1 may take: the run, the SAO round, and the wait for the society's last
     RLP step to settle after the run ends."""
 
-    run_s: float = 600.0
-    sao_s: float = 600.0
+    run_s: float = 900.0
+    sao_s: float = 900.0
     rlp_settle_s: float = 45.0
 
 

@@ -60,7 +60,7 @@ def thought_length(ctx: StoryContext) -> int:
     """Tokens for RLP's thoughts answer: room for two short JSON thoughts on SmolLM2; the tiny
     random model writes gibberish whatever its room, so it gets little (its steps fail as
     ``no_prediction``, which the story records)."""
-    return 48 if ctx.served_model == TINY else 192
+    return 48 if ctx.served_model == TINY else 256
 
 
 def run_config(ctx: StoryContext) -> dict[str, Any]:
@@ -105,7 +105,10 @@ def run_config(ctx: StoryContext) -> dict[str, Any]:
         "society": {
             "enabled": True,
             "proposals_per_generation": 1,
-            "learning": {"rlp_enabled": True, "rlp": {"num_thoughts": 2, "thought_length": thought_length(ctx)}},
+            "learning": {
+                "rlp_enabled": True,
+                "rlp": {"num_thoughts": 2, "proposals_per_thought": 1, "thought_length": thought_length(ctx)},
+            },
         },
     }
 
