@@ -11,6 +11,7 @@ per (case, arm) so the stage stays fast."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections import Counter
@@ -33,7 +34,7 @@ from flywheel.sdk import FlywheelClient
 from flywheel.sdk.decision import Decision
 from flywheel.sdk.tracing import Tracer, prompt, trace
 from flywheel.stack.story.context import StoryContext
-from flywheel.stack.story.world import load_cases
+from flywheel.stack.story.world import CASES_FILE
 
 FLOOR, SPAN = 0.1, 0.8  # true satisfaction rates lie in [FLOOR, FLOOR + SPAN]
 BRIEF = 12  # words a user reads without minding
@@ -43,6 +44,7 @@ TIMELINE_POINTS = 20
 T = TypeVar("T")
 CALL_PARAMS = {"temperature": float, "top_p": float, "max_tokens": int}
 DEFAULT_MAX_TOKENS = 32
+VARIANTS = 3  # different answers a sampling arm gives one question (each generated once, then reused)
 
 
 def true_rate(answer: str, expected: str) -> float:
@@ -55,8 +57,9 @@ def true_rate(answer: str, expected: str) -> float:
 
 
 def story_cases(ctx: StoryContext) -> list[dict[str, Any]]:
-    """The support cases the story uses (stage 1's: the first ``sizes.test_cases``)."""
-    return load_cases(ctx.sizes.test_cases)
+    """What the product's users ask: every shipped support case (stage 1 tuned on the first
+    ``sizes.test_cases``; users also ask the rest, whose answers the model server writes)."""
+    return json.loads(CASES_FILE.read_text())["test_cases"]
 
 
 def arm_id(rank: int) -> str:
@@ -95,6 +98,13 @@ def recorded_outputs(ctx: StoryContext) -> int:
     return taken
 
 
+def variants(params: dict[str, Any]) -> int:
+    """How many different answers an arm gives one question: sampled (temperature above 0)
+    answers differ from one request to the next (VARIANTS of them), greedy ones do not."""
+    temperature = params.get("temperature")
+    return VARIANTS if isinstance(temperature, (int, float)) and temperature > 0 else 1
+
+
 def messages(params: dict[str, Any], question: str) -> list[dict[str, str]]:
     system = params.get("system_prompt")
     said = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
@@ -129,6 +139,8 @@ class Product:
         self.served = 0  # decisions made by this product
         self.feedback_sent = 0
         self.trace_ids: list[str] = []
+        self.generated = 0  # answers the model server wrote for this product
+        self.variants: dict[tuple[str, str], list[str]] = {}  # (case id, arm id) -> its answers so far
 
     @classmethod
     async def open(cls, ctx: StoryContext, exits: AsyncExitStack, *, stream: int = 0) -> Product:
@@ -141,10 +153,18 @@ class Product:
         return cls(ctx, fw, tracer, stream=stream)
 
     async def answer(self, case: dict[str, Any], decision: Decision) -> str:
+        """The arm's answer: one of up to ``variants(params)`` answers per (case, arm), each
+        written by the model server once (the first may be stage 1's, replayed)."""
         key = (case["id"], decision.arm_id)
-        if key not in self.ctx.answers:
-            self.ctx.answers[key] = await generate(self.ctx, dict(decision.params), case["input"])
-        return self.ctx.answers[key]
+        params = dict(decision.params)
+        known = self.variants.setdefault(key, [self.ctx.answers[key]] if key in self.ctx.answers else [])
+        k = self.rng.randrange(variants(params))
+        if k >= len(known):
+            known.append(await generate(self.ctx, params, case["input"]))
+            self.generated += 1
+            k = len(known) - 1
+        self.ctx.answers.setdefault(key, known[0])
+        return known[k]
 
     async def serve(self) -> tuple[Decision, float]:
         """One request: Select, answer (traced with the decision id), the user's feedback."""
@@ -158,20 +178,25 @@ class Product:
             self.trace_ids.append(run.trace_id)
         reward = 1.0 if self.rng.random() < true_rate(answer, case["expected"]) else 0.0
         self.served += 1
-        await self.fw.feedback(decision, reward=reward, event_id=f"story-{decision.decision_id}")
+        # Queued, acknowledged in the background (``flush`` waits): a product does not wait on it.
+        self.fw.feedback_nowait(decision, reward=reward, event_id=f"story-{decision.decision_id}")
         self.feedback_sent += 1
         return decision, reward
 
-    def flush(self) -> None:
-        self.tracer.flush()
+    async def flush(self) -> None:
+        stats = await self.fw.flush_feedback()
+        if stats.failed:
+            raise RuntimeError(f"feedback: {stats.failed} events not acknowledged by JetStream: {stats}")
+        await asyncio.to_thread(self.tracer.flush)
 
     def arm_true_rate(self, arm: str) -> float | None:
-        """The hidden mean satisfaction of an arm's answers over the cases it answered (None: none)."""
-        rates = [
-            true_rate(self.ctx.answers[(c["id"], arm)], c["expected"])
-            for c in self.cases
-            if (c["id"], arm) in self.ctx.answers
-        ]
+        """The hidden mean satisfaction of an arm's answers (each case's answers averaged, then
+        the cases it answered; None: none)."""
+        rates = []
+        for c in self.cases:
+            known = self.variants.get((c["id"], arm)) or []
+            if known:
+                rates.append(sum(true_rate(a, c["expected"]) for a in known) / len(known))
         return sum(rates) / len(rates) if rates else None
 
 
@@ -238,7 +263,7 @@ async def settle(
     """Wait until every decision's feedback is applied once and every trace is rewarded
     (``already``: decisions of earlier stages); returns (feedback applied, traces rewarded),
     every stage's."""
-    product.flush()
+    await product.flush()
     want = product.served + already
 
     async def feedback_applied() -> int:
@@ -307,7 +332,7 @@ async def traffic(ctx: StoryContext) -> None:
         "timeline": timeline,
         "incumbent": endpoint.incumbent_arm_id,
         "answers_replayed": replayed,
-        "answers_generated": len(ctx.answers) - replayed,
+        "answers_generated": product.generated,
     }
     ctx.progress.say(
         f"traffic: {product.served} decisions, feedback applied {feedback_applied} times, {traces} traces rewarded; "

@@ -34,7 +34,7 @@ from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
 from flywheel.stack.story.context import StoryContext
 from flywheel.stack.story.traffic import retrying
 
-MIN_MARGIN = 0.1  # chosen's satisfaction rate must beat rejected's by more than this
+MIN_MARGIN = 0.05  # chosen's satisfaction rate must beat rejected's by more than this
 CANARY_CAP = 0.5  # most of the endpoint's traffic the canary may get
 FINAL = (jobs.JOB_STATE_SUCCEEDED, jobs.JOB_STATE_FAILED, jobs.JOB_STATE_CANCELLED)
 JOB_TIMEOUT_S = 420.0
@@ -64,7 +64,7 @@ def read_manifest(ctx: StoryContext, uri: str) -> tuple[dict[str, Any], list[dic
     client = _s3(ctx)
     bucket, key = uri.removeprefix("s3://").split("/", 1)
     manifest = json.loads(client.get_object(bucket, key).read())
-    rows = []
+    rows: list[dict[str, Any]] = []
     for f in manifest["files"]:
         data = client.get_object(manifest.get("bucket") or bucket, f["key"]).read().decode()
         rows.extend(json.loads(line) for line in data.splitlines() if line.strip())
@@ -161,9 +161,7 @@ class Steps:
         return [self.by_step[s] for s in sorted(self.by_step)]
 
 
-async def follow_job(
-    ctx: StoryContext, trainer: pb_grpc.TrainerServiceStub, job_id: str, steps: Steps
-) -> jobs.TrainingJob:
+async def follow_job(ctx: StoryContext, trainer: pb_grpc.TrainerServiceStub, job_id: str) -> jobs.TrainingJob:
     """Poll the job to a final state, with a bar (step/total, loss); ``training.running`` is
     reached once a trainer picked it up."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
