@@ -75,7 +75,7 @@ async def _until(read, ok, *, timeout_s: float = 90.0, interval_s: float = 0.5):
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # about 10 min on 2 shared cores: restarts under load, 30 s redeliveries
 async def test_the_story_survives_a_kill_9_of_every_service() -> None:
     from flywheel.stack.story.run import start_story_stack, stop_story_stack, tell_story
 
