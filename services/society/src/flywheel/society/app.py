@@ -51,13 +51,15 @@ def judge_client(settings: SocietySettings) -> JudgeClient | None:
 
 def policy_models(settings: SocietySettings) -> Callable[[str], Awaitable[Llm]]:
     """``llm_for(model)``: the policy model of an SAO round through LiteLLM, with the
-    society's key and base URL (never the run's)."""
+    society's key and base URL (never the run's); the self-ranking is asked for as JSON under
+    ``response_format`` when ``sao_structured_output`` is on."""
 
     async def llm_for(model: str) -> Llm:
         from flywheel.core.llm import LlmClient, load_litellm
 
         await load_litellm()  # on a thread: the import takes seconds
-        return LiteLlm(LlmClient(settings.llm.model_copy(update={"model": model or settings.llm.model})))
+        client = LlmClient(settings.llm.model_copy(update={"model": model or settings.llm.model}))
+        return LiteLlm(client, structured_output=settings.sao_structured_output)
 
     return llm_for
 

@@ -49,6 +49,9 @@ class SocietySettings(ClientLinks, ServiceSettings):
     # enforce it while generating (the local model server, vLLM); see rlp/schema.py.
     rlp_structured_output: bool = True
 
+    # SAO: ask for the policy model's self-ranking as JSON ({"ranking": "A > B" | "B > A"}) with
+    # response_format, for servers that enforce it (the local model server, vLLM); see sao/judge.py.
+    sao_structured_output: bool = True
     # SAO: submit a preference job when a dataset has at least this many training pairs.
     sao_train_threshold: int = Field(200, ge=1)
     sao_train_base_model: str = ""  # the trainer's base model id for the SAO policy

@@ -2,15 +2,20 @@
 accuracy, completeness and clarity) and the reward judge's Rank in both presentation orders.
 
 The model's answer is parsed strictly enough that prose ("the first one is better") does not
-count as a ranking, and loosely enough that markdown, brackets and "Response A" do."""
+count as a ranking, and loosely enough that markdown, brackets and "Response A" do. A model
+that takes ``response_format`` (:func:`~flywheel.society.sao.llm.structured_output`) is asked
+for ``{"ranking": "A > B"}`` or ``{"ranking": "B > A"}`` instead (:data:`RANKING_FORMAT`, an
+enum the server enforces while generating: small models never write the ranking line on their
+own), read by the same parser."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
 from flywheel.society.sao.config import SaoConfig
-from flywheel.society.sao.llm import Llm, Ranker, ask
+from flywheel.society.sao.llm import Llm, Ranker, ask, structured_output
 
 # "ranking: A > B", "**Ranking**: [A] > [B]", "Ranking - Response B > Response A", "ranking: a>b".
 _RANKING = re.compile(
@@ -22,25 +27,68 @@ _RANKING = re.compile(
 _BARE = re.compile(r"^\W{0,3}(?:response\s+)?([AB])\W{0,3}\s*>\s*\W{0,3}(?:response\s+)?([AB])\W{0,3}$", re.I | re.M)
 
 CRITERIA = "relevance, accuracy, completeness and clarity"
+RANKINGS = ("A > B", "B > A")
+# OpenAI's response_format for the ranking: one key, one of two values (not "strict": OpenAI's
+# strict mode wants every schema rule it knows; servers that enforce schemas take this one).
+RANKING_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "ranking",
+        "schema": {
+            "type": "object",
+            "properties": {"ranking": {"type": "string", "enum": list(RANKINGS)}},
+            "required": ["ranking"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
-def ranking_messages(prompt: str, a: str, b: str) -> list[dict[str, str]]:
+def ranking_messages(prompt: str, a: str, b: str, *, structured: bool = False) -> list[dict[str, str]]:
+    """The ranking request; ``structured``: ask for the JSON of :data:`RANKING_FORMAT` (the
+    opening, which bench/sao recognises a ranking request by, is the same either way)."""
+    if structured:
+        ending = (
+            'Answer with JSON only: {"ranking": "A > B"} when response A is better, '
+            '{"ranking": "B > A"} when response B is better.'
+        )
+    else:
+        ending = (
+            "Explain briefly, then end with one line in exactly this form: ranking: X > Y\n"
+            "where X is the letter of the better response (A or B) and Y the other letter."
+        )
     return [
         {
             "role": "user",
             "content": (
                 f"Compare two responses to the same prompt on {CRITERIA}.\n\n[Prompt]\n{prompt}\n\n"
-                f"[Response A]\n{a}\n\n[Response B]\n{b}\n\n"
-                "Explain briefly, then end with one line in exactly this form: ranking: X > Y\n"
-                "where X is the letter of the better response (A or B) and Y the other letter."
+                f"[Response A]\n{a}\n\n[Response B]\n{b}\n\n{ending}"
             ),
         }
     ]
 
 
+def _json_ranking(text: str) -> str | None:
+    """The "ranking" value of a JSON object answer (code fences allowed), or None if the text
+    is not one."""
+    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    if not body.startswith("{"):
+        return None
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    value = data.get("ranking") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def parse_ranking(text: str) -> str | None:
-    """The winner ('A' or 'B') of a "ranking: X > Y" answer, or None when there is no
-    ranking, it ranks a response above itself, or two rankings contradict each other."""
+    """The winner ('A' or 'B') of a "ranking: X > Y" answer or a ``{"ranking": "X > Y"}``
+    JSON one, or None when there is no ranking, it ranks a response above itself, or two
+    rankings contradict each other."""
+    value = _json_ranking(text)
+    if value is not None:
+        text = f"ranking: {value}"
     found = [(x.upper(), y.upper()) for x, y in _RANKING.findall(text)]
     if not found:
         found = [(x.upper(), y.upper()) for x, y in _BARE.findall(text)]
@@ -52,18 +100,21 @@ def parse_ranking(text: str) -> str | None:
 @dataclass(frozen=True)
 class SelfRanking:
     winner: str | None  # "A", "B", or None with ``failure`` set
-    failure: str = ""  # llm_timeout | llm_error | llm_empty | unparsable_ranking
+    failure: str = ""  # llm_timeout | llm_error | llm_empty | llm_rejected_response_format | unparsable_ranking
     text: str = ""
 
 
 async def self_rank(llm: Llm, prompt: str, a: str, b: str, config: SaoConfig) -> SelfRanking:
-    """The policy model ranks its own two responses (greedy, as a judge)."""
+    """The policy model ranks its own two responses (greedy, as a judge); as JSON under
+    :data:`RANKING_FORMAT` when the model takes ``response_format``."""
+    structured = structured_output(llm)
     got = await ask(
         llm,
-        ranking_messages(prompt, a, b),
+        ranking_messages(prompt, a, b, structured=structured),
         temperature=0.0,
         max_tokens=config.max_ranking_tokens,
         timeout_s=config.llm_timeout_s,
+        response_format=RANKING_FORMAT if structured else None,
     )
     if got.failure:
         return SelfRanking(None, got.failure, got.detail)

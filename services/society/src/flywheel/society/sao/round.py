@@ -9,7 +9,8 @@ Drop reasons: ``prompt_llm_timeout``/``prompt_llm_error``/``prompt_llm_empty`` (
 prompt), ``response_llm_timeout``/``response_llm_error``/``response_llm_empty``,
 ``duplicate_prompt`` (near-duplicate of a prompt in this round or the existing dataset),
 ``too_short``, ``identical_responses``, ``ranking_llm_timeout``/``ranking_llm_error``/
-``ranking_llm_empty``, ``unparsable_ranking``, ``judge_unavailable``, ``judge_tie``,
+``ranking_llm_empty``/``ranking_llm_rejected_response_format``, ``unparsable_ranking``,
+``judge_unavailable``, ``judge_tie``,
 ``judge_order_disagreement`` (the two orders pick different winners) and
 ``self_judge_disagreement`` (both orders agree, against the model's own ranking)."""
 
