@@ -36,7 +36,7 @@ from flywheel.stack.story.context import QuietProgress, StorySizes
 from flywheel.stack.story.record import StoryRecord
 from flywheel.stack.story.training import provenance
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 SIZES = StorySizes.e2e()
 

@@ -44,7 +44,8 @@ TIMELINE_POINTS = 20
 T = TypeVar("T")
 CALL_PARAMS = {"temperature": float, "top_p": float, "max_tokens": int}
 DEFAULT_MAX_TOKENS = 32
-VARIANTS = 3  # different answers a sampling arm gives one question (each generated once, then reused)
+VARIANTS = 3  # different answers an arm gives one question (each generated once, then reused)
+RETRY_TEMPERATURE = 0.7  # a regenerated answer is sampled
 
 
 def true_rate(answer: str, expected: str) -> float:
@@ -99,10 +100,9 @@ def recorded_outputs(ctx: StoryContext) -> int:
 
 
 def variants(params: dict[str, Any]) -> int:
-    """How many different answers an arm gives one question: sampled (temperature above 0)
-    answers differ from one request to the next (VARIANTS of them), greedy ones do not."""
-    temperature = params.get("temperature")
-    return VARIANTS if isinstance(temperature, (int, float)) and temperature > 0 else 1
+    """How many different answers an arm gives one question: its own (the config's, greedy or
+    not) and, as users asking again get a regenerated answer, VARIANTS - 1 sampled ones."""
+    return VARIANTS
 
 
 def messages(params: dict[str, Any], question: str) -> list[dict[str, str]]:
@@ -160,7 +160,8 @@ class Product:
         known = self.variants.setdefault(key, [self.ctx.answers[key]] if key in self.ctx.answers else [])
         k = self.rng.randrange(variants(params))
         if k >= len(known):
-            known.append(await generate(self.ctx, params, case["input"]))
+            again = {**params, "temperature": max(float(params.get("temperature") or 0), RETRY_TEMPERATURE)}
+            known.append(await generate(self.ctx, params if not known else again, case["input"]))
             self.generated += 1
             k = len(known) - 1
         self.ctx.answers.setdefault(key, known[0])
