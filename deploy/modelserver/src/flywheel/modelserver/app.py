@@ -33,6 +33,10 @@ from flywheel.modelserver.protocol import (
 )
 
 log = logging.getLogger(__name__)
+# aiohttp's server options (web.run_app, AppRunner): a client that hangs up (a timed-out
+# LiteLLM call) cancels its handler, which stops its generation at the next token
+# (engine.Cancel) and frees the one generation thread for the next request.
+SERVER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
 ENGINE = web.AppKey("engine", Engine)
 RUNTIME = web.AppKey("runtime", RuntimeLoading)
 SCRATCH = web.AppKey("scratch", Path)

@@ -25,7 +25,7 @@ from aiohttp import web
 from flywheel.api.ports import MODEL_SERVER_PORT
 from flywheel.api.tls import is_loopback
 from flywheel.modelserver.adapters import AdapterSpec, RuntimeLoading, local_folder
-from flywheel.modelserver.app import build_app
+from flywheel.modelserver.app import SERVER_OPTIONS, build_app
 from flywheel.modelserver.engine import Engine
 from flywheel.modelserver.loading import default_cache_dir, load_base
 
@@ -177,13 +177,13 @@ def main(argv: list[str] | None = None) -> None:
         args.host,
         args.port,
     )
-    # handler_cancellation: a client that hangs up (a timed-out judge call) cancels its request,
-    # which stops its generation, instead of leaving it queued on the one worker.
+    # SERVER_OPTIONS (handler_cancellation): a client that hangs up (a timed-out call) cancels
+    # its request, which stops its generation, instead of keeping the one worker busy.
     web.run_app(
         build_app(engine, api_key=api_key, runtime=runtime, scratch=cache / "runtime-adapters"),
         host=args.host,
         port=args.port,
         ssl_context=ssl_context,
         print=None,
-        handler_cancellation=True,
+        **SERVER_OPTIONS,
     )

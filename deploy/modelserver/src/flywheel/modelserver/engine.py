@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +28,20 @@ from flywheel.modelserver.protocol import ChatRequest, CompletionRequest, Reques
 from flywheel.modelserver.structured import Grammars, grammar_for, sampling_overrides
 
 _END = object()
+log = logging.getLogger(__name__)
+
+
+class Cancel(threading.Event):
+    """Set to stop a generation at its next token. ``client_gone``: why, when it was its
+    client hanging up (a timed-out call), which the worker thread logs."""
+
+    client_gone = False
+
+    def client_left(self, model_name: str) -> None:
+        if not self.client_gone:
+            log.info("a request for %s was cancelled: its client went away", model_name)
+        self.client_gone = True
+        self.set()
 
 
 @dataclass
@@ -230,26 +246,34 @@ class Engine:
         None, score prompt + completion in one forward pass on the worker thread with the
         request's adapter (raw model log-probabilities, before temperature or top-p)."""
         loop = asyncio.get_running_loop()
-        cancel = threading.Event()
+        cancel = Cancel()
         try:
             return await loop.run_in_executor(self._worker, self._complete_scored, prepared, cancel, top_k)
+        except asyncio.CancelledError:
+            cancel.client_left(prepared.model_name)
+            raise
         finally:
             cancel.set()
 
     async def complete(self, prepared: Prepared) -> Generation:
         """Generate the whole answer."""
         loop = asyncio.get_running_loop()
-        cancel = threading.Event()
+        cancel = Cancel()
         try:
             return await loop.run_in_executor(self._worker, self._generate, prepared, cancel, None)
+        except asyncio.CancelledError:
+            # The server cancels a request whose client hung up (handler_cancellation): the
+            # generation stops at its next token and the worker takes the next request.
+            cancel.client_left(prepared.model_name)
+            raise
         finally:
-            cancel.set()  # a cancelled request stops its generation if it is already running
+            cancel.set()
 
     async def stream(self, prepared: Prepared) -> AsyncIterator[str | Generation]:
         """Yield text chunks as they are generated, then the finished Generation."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
+        cancel = Cancel()
 
         def push(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -257,6 +281,7 @@ class Engine:
         future = loop.run_in_executor(self._worker, self._generate, prepared, cancel, push)
         stops = prepared.request.stop_list()
         sent, text = 0, ""
+        finished = False
         try:
             while True:
                 item = await queue.get()
@@ -274,8 +299,11 @@ class Engine:
             generation = await future
             if len(generation.text) > sent:
                 yield generation.text[sent:]
+            finished = True
             yield generation
         finally:
+            if not finished:  # the consumer stopped early: the client hung up mid-stream
+                cancel.client_left(prepared.model_name)
             cancel.set()
             if not future.done():
                 with contextlib.suppress(Exception):
@@ -313,7 +341,7 @@ class Engine:
         else:
             self.model.delete_adapter(name)
 
-    def _generate(self, prepared: Prepared, cancel: threading.Event, push: Any) -> Generation:
+    def _generate(self, prepared: Prepared, cancel: Cancel, push: Any) -> Generation:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
 
@@ -335,6 +363,7 @@ class Engine:
         try:
             if cancel.is_set():  # the client left while the request waited its turn
                 return Generation("", int(prepared.input_ids.shape[1]), 0, "stop")
+            started = time.monotonic()
             if request.seed is not None:
                 torch.manual_seed(request.seed)
             sampling: dict[str, Any] = {"do_sample": False}
@@ -365,6 +394,14 @@ class Engine:
                     **sampling,
                 )
             new = out[0][input_ids.shape[1] :].tolist()
+            if cancel.client_gone:
+                log.info(
+                    "stopped generating for %s after %d of %d tokens (%.1f s): its client went away",
+                    prepared.model_name,
+                    len(new),
+                    prepared.max_new_tokens,
+                    time.monotonic() - started,
+                )
             text = self.tokenizer.decode(new, skip_special_tokens=True)
             cut = _first_stop(text, stops)
             eos = self.tokenizer.eos_token_id
@@ -380,7 +417,7 @@ class Engine:
             if push is not None:
                 push(_END)
 
-    def _complete_scored(self, prepared: Prepared, cancel: threading.Event, top_k: int | None) -> Scored:
+    def _complete_scored(self, prepared: Prepared, cancel: Cancel, top_k: int | None) -> Scored:
         prompt_ids = prepared.input_ids[0].tolist()
         if prepared.max_new_tokens > 0:
             generation = self._generate(prepared, cancel, None)
