@@ -137,6 +137,9 @@ def society_env(model: ModelServer, served: str) -> dict[str, str]:
         "FLYWHEEL_LLM_API_BASE": model.url,
         "FLYWHEEL_LLM_API_KEY": model.api_key,
         "FLYWHEEL_LLM_TIMEOUT_S": "120",
+        # No LiteLLM retries: the one local generation slot would run a timed-out request
+        # again (twice, up to 4 more minutes) while the batch run's evaluations wait behind it.
+        "FLYWHEEL_LLM_MAX_RETRIES": "0",
         "FLYWHEEL_SOCIETY_MODELSERVER_URL": model.url,
         "FLYWHEEL_SOCIETY_MODELSERVER_API_KEY": model.api_key,
     }
