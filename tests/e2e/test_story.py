@@ -35,6 +35,7 @@ from flywheel.stack.story.canary import REGISTRY
 from flywheel.stack.story.context import QuietProgress, StorySizes
 from flywheel.stack.story.record import StoryRecord
 from flywheel.stack.story.training import provenance
+from flywheel.stack.story.world import load_cases
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -85,6 +86,54 @@ def test_the_story_is_told_in_order_and_timed(told: Told) -> None:
     assert meta["models"]["trainer_base"] == "tiny" and meta["commit"]
     json.loads(told.record.to_json())  # plain JSON, as the record promises
     assert told.record.optimize is not None and told.record.optimize["state"] == "succeeded"
+
+
+def test_stage_one_search_with_rlp_and_an_sao_round(told: Told) -> None:
+    """The support assistant's batch run with the society on (RLP before each generation, one
+    SAO round beside it), checked against itself: evaluations counted once along the curve, the
+    best-so-far never falling, the SAO round's counts adding up, the top configs distinct and
+    their replayable answers theirs. The tiny model writes gibberish, so RLP steps may fail
+    (recorded by reason) and the SAO round may keep no pair; both outcomes are asserted exactly."""
+    rec = told.record.optimize
+    assert rec is not None
+    json.dumps(rec)  # plain JSON, as the record promises
+
+    # The run: succeeded, every evaluation counted once along the curve, none failed.
+    assert rec["state"] == "succeeded" and rec["run_id"].startswith("run-")
+    assert rec["evaluations"] > 0 and rec["evaluations_failed"] == 0, rec
+    curve = rec["curve"]
+    assert curve and curve[-1]["evaluation"] == rec["evaluations"]
+    assert [p["evaluation"] for p in curve] == sorted({p["evaluation"] for p in curve})
+    bests = [p["best"] for p in curve if p["best"] is not None]
+    assert bests and bests == sorted(bests)
+
+    # The best distinct configs for stage 2, with the answers their evaluations got.
+    tops = rec["top_configs"]
+    assert len(tops) == SIZES.arms
+    assert len({json.dumps(t["params"], sort_keys=True) for t in tops}) == SIZES.arms
+    assert {"system_prompt", "temperature", "max_tokens"} == set(tops[0]["params"])
+    case_ids = {c["id"] for c in load_cases(SIZES.test_cases)}
+    for top, out in zip(tops, rec["outputs"], strict=True):
+        assert out["params"] == top["params"] and top["candidate_id"] in out["candidate_ids"]
+        assert out["answers"] and set(out["answers"]) <= case_ids and set(out["scores"]) == set(out["answers"])
+
+    # RLP: the society thought before the second generation (a failed step, say the tiny
+    # model's thought timing out, is recorded by reason and never counted as a proposal).
+    rlp = rec["rlp"]
+    assert rlp["steps"] >= 1 and 0 <= rlp["steps_failed"] <= rlp["steps"]
+    assert rlp["proposals_resolved"] <= rlp["proposals"]
+    if rlp["steps_failed"]:
+        assert sum(rlp["failures"].values()) == rlp["steps_failed"]
+
+    # SAO: the counts add up; a dataset exactly when pairs were kept.
+    sao = rec["sao"]
+    assert sao["round_id"] and sao["attempted"] == SIZES.sao_personas
+    assert sao["attempted"] == sao["kept"] + sum(sao["dropped"].values())
+    if sao["state"] == "succeeded":
+        assert sao["pairs"] == sao["kept"] > 0 and sao["manifest_uri"].endswith("/manifest.json")
+    else:
+        assert sao["state"] == "failed" and "no pair was kept" in sao["error"], sao
+        assert sao["pairs"] == 0 and sao["dataset_id"] is None
 
 
 def test_traffic_every_decision_fed_back_once_and_traced(told: Told) -> None:
