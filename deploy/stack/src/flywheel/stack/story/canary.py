@@ -105,7 +105,9 @@ async def canary(ctx: StoryContext) -> None:
         trainer = pb_grpc.TrainerServiceStub(
             await exits.enter_async_context(grpc.aio.insecure_channel(ctx.address("trainer")))
         )
-        product = await Product.open(ctx, exits, stream=1)
+        # One answer per (question, arm): the canary's are written live by its adapter, one
+        # generation each on the CPU; the pairs it needed were made in stage 2.
+        product = await Product.open(ctx, exits, stream=1, variants=1)
         recent: deque[bool] = deque(maxlen=WINDOW)
         timeline: list[dict[str, Any]] = []
         decision, reached, canary_pulls = "undecided", False, 0

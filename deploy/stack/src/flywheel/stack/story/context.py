@@ -32,13 +32,14 @@ class StorySizes:
     ``e2e()`` for the end-to-end test and the kill drill (a tiny model, a few steps)."""
 
     base_model: str = "auto"  # the model server's and the trainer's base: auto, smollm2 or tiny
-    test_cases: int = 6
+    test_cases: int = 4
     population: int = 4
     generations: int = 3
     sao_personas: int = 4
     arms: int = 3
     traffic_decisions: int = 300
-    canary_max_decisions: int = 400
+    answer_variants: int = 2  # answers an arm gives one question in stage 2 (users asking again)
+    canary_max_decisions: int = 800
     dpo_steps: int = 4
     seed: int = 7
 
@@ -55,7 +56,8 @@ class StorySizes:
             generations=2,
             sao_personas=3,
             arms=3,
-            traffic_decisions=150,  # 16 questions x 3 arms: enough pairs for the trainer's 10 rows
+            traffic_decisions=150,  # 16 questions x 3 arms x 3 answers: enough pairs for 10 rows
+            answer_variants=3,
             canary_max_decisions=200,
             dpo_steps=2,
         )

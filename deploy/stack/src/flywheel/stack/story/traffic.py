@@ -99,12 +99,6 @@ def recorded_outputs(ctx: StoryContext) -> int:
     return taken
 
 
-def variants(params: dict[str, Any]) -> int:
-    """How many different answers an arm gives one question: its own (the config's, greedy or
-    not) and, as users asking again get a regenerated answer, VARIANTS - 1 sampled ones."""
-    return VARIANTS
-
-
 def messages(params: dict[str, Any], question: str) -> list[dict[str, str]]:
     system = params.get("system_prompt")
     said = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
@@ -130,8 +124,13 @@ class Product:
     """The simulated product: its SDK client and tracer, the cases its users ask, and the
     hidden truth that decides whether a user is satisfied."""
 
-    def __init__(self, ctx: StoryContext, fw: FlywheelClient, tracer: Tracer, *, stream: int = 0) -> None:
+    def __init__(
+        self, ctx: StoryContext, fw: FlywheelClient, tracer: Tracer, *, stream: int = 0, variants: int = VARIANTS
+    ) -> None:
         self.ctx, self.fw, self.tracer = ctx, fw, tracer
+        # Different answers an arm gives one question: its own (the config's, greedy or not)
+        # and, as users asking again get a regenerated answer, variants - 1 sampled ones.
+        self.n_variants = variants
         self.cases = story_cases(ctx)
         # A reproducible simulation; ``stream`` gives each stage its own sequence of users.
         self.rng = random.Random(ctx.sizes.seed * 1000 + stream)  # noqa: S311
@@ -143,22 +142,24 @@ class Product:
         self.variants: dict[tuple[str, str], list[str]] = {}  # (case id, arm id) -> its answers so far
 
     @classmethod
-    async def open(cls, ctx: StoryContext, exits: AsyncExitStack, *, stream: int = 0) -> Product:
+    async def open(
+        cls, ctx: StoryContext, exits: AsyncExitStack, *, stream: int = 0, variants: int = VARIANTS
+    ) -> Product:
         env = ctx.stack.servers.env(nats_role="product")  # the product's NATS user: feedback and traces only
         nats = {"nats_url": env["FLYWHEEL_NATS_URL"], "nats_user": env["FLYWHEEL_NATS_USER"]}
         nats["nats_password"] = env["FLYWHEEL_NATS_PASSWORD"]
         fw = await exits.enter_async_context(FlywheelClient(target=ctx.address("optimizer"), source="story", **nats))
         tracer = Tracer(agent=ctx.endpoint, source="story", **nats)
         exits.callback(tracer.close)
-        return cls(ctx, fw, tracer, stream=stream)
+        return cls(ctx, fw, tracer, stream=stream, variants=variants)
 
     async def answer(self, case: dict[str, Any], decision: Decision) -> str:
-        """The arm's answer: one of up to ``variants(params)`` answers per (case, arm), each
+        """The arm's answer: one of up to ``n_variants`` answers per (case, arm), each
         written by the model server once (the first may be stage 1's, replayed)."""
         key = (case["id"], decision.arm_id)
         params = dict(decision.params)
         known = self.variants.setdefault(key, [self.ctx.answers[key]] if key in self.ctx.answers else [])
-        k = self.rng.randrange(variants(params))
+        k = self.rng.randrange(self.n_variants)
         if k >= len(known):
             again = {**params, "temperature": max(float(params.get("temperature") or 0), RETRY_TEMPERATURE)}
             known.append(await generate(self.ctx, params if not known else again, case["input"]))
@@ -288,7 +289,7 @@ async def traffic(ctx: StoryContext) -> None:
         store = await exits.enter_async_context(grpc.aio.insecure_channel(ctx.address("trace_store")))
         await admin_grpc.EndpointAdminServiceStub(opt).CreateEndpoint(endpoint_request(ctx))
         replayed = recorded_outputs(ctx)
-        product = await Product.open(ctx, exits)
+        product = await Product.open(ctx, exits, variants=ctx.sizes.answer_variants)
         every = max(1, n // TIMELINE_POINTS)
         timeline: list[dict[str, Any]] = []
         window: Counter[str] = Counter()
