@@ -38,6 +38,9 @@ TRAINER_ENV = {
     "FLYWHEEL_TRAINER_EVAL_MAX_NEW_TOKENS": "8",
     "FLYWHEEL_TRAINER_CANARY_FOLLOW_S": "1",
 }
+# A killed evaluator's requests come back after 8 s instead of the catalogue's 30 (a live one
+# keeps its in-flight requests alive every third of that).
+EVALUATOR_ENV = {"FLYWHEEL_EVALUATOR_ACK_WAIT_S": "8"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
@@ -77,6 +80,7 @@ def start_story_stack(root: Path, sizes: StorySizes) -> tuple[Stack, ModelServer
     trainer = stack.services["trainer"].env
     trainer.update(TRAINER_ENV)
     trainer.update(OFFLINE_ENV)
+    stack.services["evaluator"].env.update(EVALUATOR_ENV)
     trainer["FLYWHEEL_TRAINER_MODELSERVER_URL"] = model.url
     trainer["FLYWHEEL_TRAINER_MODELSERVER_API_KEY"] = model.api_key
     trainer.setdefault("FLYWHEEL_TRAINER_WORK_DIR", str(root / "trainer-work"))
