@@ -58,9 +58,10 @@ def true_rate(answer: str, expected: str) -> float:
 
 
 def story_cases(ctx: StoryContext) -> list[dict[str, Any]]:
-    """What the product's users ask: every shipped support case (stage 1 tuned on the first
-    ``sizes.test_cases``; users also ask the rest, whose answers the model server writes)."""
-    return json.loads(CASES_FILE.read_text())["test_cases"]
+    """What the product's users ask: the first ``sizes.traffic_questions`` shipped support cases
+    (stage 1 tuned on the first ``sizes.test_cases``; users also ask others, whose answers the
+    model server writes)."""
+    return json.loads(CASES_FILE.read_text())["test_cases"][: ctx.sizes.traffic_questions]
 
 
 def arm_id(rank: int) -> str:
