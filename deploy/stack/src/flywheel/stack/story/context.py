@@ -34,11 +34,11 @@ class StorySizes:
     base_model: str = "auto"  # the model server's and the trainer's base: auto, smollm2 or tiny
     test_cases: int = 4
     population: int = 4
-    generations: int = 2
+    generations: int = 3
     sao_personas: int = 4
     arms: int = 3
     traffic_decisions: int = 300
-    traffic_questions: int = 8  # of the 16 shipped; each new (question, arm) answer is generated once
+    traffic_questions: int = 16  # of the 16 shipped; each new (question, arm) answer is generated once
     answer_variants: int = 2  # answers an arm gives one question in stage 2 (users asking again)
     canary_max_decisions: int = 800
     dpo_steps: int = 4
