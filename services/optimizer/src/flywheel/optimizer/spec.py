@@ -26,6 +26,8 @@ MAX_ABS_REWARD = 1e9
 # Serialized size of an arm's params: every decision event carries them (with the context), and
 # one decision must fit NATS's max payload (1 MiB by default) with room to spare.
 MAX_PARAMS_BYTES = 64 * 1024
+# The ways to forget old evidence; an endpoint uses at most one.
+FORGETTING = ("half_life_s", "window_s", "half_life_decisions", "window_decisions")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class PolicyConfig:
     exploration_floor: float = 0.0
     half_life_s: float = 0.0
     window_s: float = 0.0
+    # Forgetting measured in the endpoint's decisions instead of seconds (policies/drift.py).
+    half_life_decisions: float = 0.0
+    window_decisions: float = 0.0
     segment_key: str = ""
     segment_prior_strength: float = 10.0
     sticky_sessions: bool = False
@@ -63,6 +68,11 @@ class PolicyConfig:
     def bucket_s(self) -> int:
         """Width of a sliding-window time bucket: a twentieth of the window, at least 1 s."""
         return max(1, int(self.window_s / 20)) if self.window_s > 0 else 0
+
+    @property
+    def bucket_decisions(self) -> int:
+        """Width of a sliding-window decision bucket: a twentieth of the window, at least 1 decision."""
+        return max(1, int(self.window_decisions / 20)) if self.window_decisions > 0 else 0
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -111,19 +121,24 @@ def check_policy(policy: PolicyConfig, *, n_arms: int, bounded: bool) -> None:
         raise InvalidArgument(f"allocation {policy.allocation!r} is not available; use one of {list(ALLOCATIONS)}")
     if policy.allocation == IDS and policy.kind == LINEAR:
         raise InvalidArgument("allocation 'ids' applies to thompson_beta and thompson_gaussian, not linear_thompson")
-    for name in ("exploration_floor", "half_life_s", "window_s", "segment_prior_strength", "sticky_ttl_s"):
+    for name in ("exploration_floor", *FORGETTING, "segment_prior_strength", "sticky_ttl_s"):
         _finite_nonneg(getattr(policy, name), name)
     if policy.exploration_floor * n_arms > 1:
         raise InvalidArgument("exploration_floor times the number of arms must be at most 1")
-    if policy.half_life_s > 0 and policy.window_s > 0:
-        raise InvalidArgument("set at most one of half_life_s and window_s")
+    chosen = [name for name in FORGETTING if getattr(policy, name) > 0]
+    if len(chosen) > 1:
+        raise InvalidArgument(
+            f"set at most one of {' and '.join(chosen)} (an endpoint forgets in one way: {', '.join(FORGETTING)})"
+        )
     if policy.kind == LINEAR:
         if not policy.context_features:
             raise InvalidArgument("linear_thompson needs context_features (the numeric context keys, in order)")
         if policy.ridge_lambda <= 0:
             raise InvalidArgument("ridge_lambda must be > 0")
-        if policy.segment_key or policy.window_s > 0:
-            raise InvalidArgument("linear_thompson supports half_life_s but not segments or windows")
+        if policy.segment_key or policy.window_s > 0 or policy.window_decisions > 0:
+            raise InvalidArgument(
+                "linear_thompson supports half_life_s and half_life_decisions but not segments or windows"
+            )
     elif policy.context_features:
         raise InvalidArgument("context_features only apply to linear_thompson")
     if len(set(policy.context_features)) != len(policy.context_features):

@@ -16,8 +16,20 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from flywheel.optimizer.policies.drift import decay_factor
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.spec import PolicyConfig
+
+
+def evidence_factor(policy: PolicyConfig, *, elapsed_s: float, elapsed_decisions: float) -> float:
+    """The factor by which an endpoint's stored evidence shrinks between two moments that are
+    ``elapsed_s`` seconds and ``elapsed_decisions`` of the endpoint's decisions apart.
+
+    0.5 ** (elapsed_s / half_life_s) or 0.5 ** (elapsed_decisions / half_life_decisions),
+    whichever half-life the policy sets; 1.0 without one (windows are not a factor: they drop
+    whole buckets). Multiply every evidence statistic (w, s, ss, xtx, xty) by it, never the prior.
+    """
+    return decay_factor(elapsed_s, policy.half_life_s) * decay_factor(elapsed_decisions, policy.half_life_decisions)
 
 
 def _decay(policy: PolicyConfig, newer: str, older: str) -> str:
