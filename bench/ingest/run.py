@@ -27,11 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import io
-import json
-import os
-import platform
 import secrets
 import shutil
 import statistics
@@ -52,6 +48,7 @@ from flywheel.api.subjects import Catalogue
 from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import Span, SpanBatch, SpanKind
+from flywheel.stack import benchstamp
 from flywheel.stack.services import ServiceProcess, migrate
 from flywheel.stack.stack import Servers
 from flywheel.trace_store import segments
@@ -62,6 +59,8 @@ RESULTS = HERE.parents[1] / "bench" / "results" / "ingest.json"
 NS, SCHEMA, PREFIX = "bingest", "bench_ingest", "bingest"
 COLUMNS = ("spans_per_s", "object_bytes_per_span", "postgres_bytes_per_span")
 GOALS = {"flywheel_vs_naive": 20.0, "p99_ingest_to_queryable_s_max": 2.0}
+# Versions recorded with the results.
+PACKAGES = ("asyncpg", "nats-py", "grpcio", "minio", "protobuf")
 KINDS = [SpanKind.SPAN_KIND_PROMPT, SpanKind.SPAN_KIND_TOOL, SpanKind.SPAN_KIND_REASONING,
          SpanKind.SPAN_KIND_CONTENT, SpanKind.SPAN_KIND_REWARD]  # fmt: skip
 
@@ -219,14 +218,6 @@ async def latency(js: Any, subject: str, address: str, samples: int, background_
     }
 
 
-def machine(pg_version: str) -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError, StopIteration):
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name"))
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "postgres": pg_version}
-
-
 async def run(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     servers = Servers.create(root / "servers")
     procs: list[ServiceProcess] = []
@@ -338,7 +329,7 @@ def main() -> int:
     }
     result = {
         "name": "ingest",
-        "machine": machine(pg_version),
+        "machine": {**benchstamp.machine(PACKAGES), "postgres": pg_version},
         "params": {
             "quick": args.quick,
             **params,
@@ -356,9 +347,7 @@ def main() -> int:
         "goals": GOALS,
     }
     print(render(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, separators=(",", ":")))
+    benchstamp.write_results("ingest", result, out=args.out, packages=PACKAGES)
     return 0
 
 

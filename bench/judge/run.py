@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from flywheel.api.reward.v1 import reward_judge_service_pb2 as pb
 from flywheel.api.reward.v1 import reward_judge_service_pb2_grpc as pb_grpc
 from flywheel.reward_judge import rubric
 from flywheel.reward_judge.prompts import judge_messages
+from flywheel.stack import benchstamp
 from flywheel.stack.servers import free_port
 from flywheel.stack.services import ServiceProcess, migrate
 from flywheel.stack.stack import Servers
@@ -54,6 +54,8 @@ RESULTS = HERE.parents[1] / "bench" / "results" / "judge.json"
 FULL = {"prompts": 150, "group": 4}
 QUICK = {"prompts": 30, "group": 4}
 GOALS = {"flywheel_vs_naive_litellm": 1.5, "flywheel_repeat_vs_naive_litellm": 10.0, "calls_saved_on_repeat": 0.95}
+# Versions recorded with the results.
+PACKAGES = ("litellm", "grpcio", "aiohttp", "sqlalchemy", "asyncpg")
 MODEL = "openai/scripted-judge"
 
 
@@ -124,19 +126,6 @@ async def run_naive(api_base: str, work: list[tuple[str, list[str]]], concurrenc
     started = time.perf_counter()
     await asyncio.gather(*(one(p, r) for p, rs in work for r in rs))
     return time.perf_counter() - started, sum(len(rs) for _, rs in work), failures
-
-
-def machine(postgres_version: str) -> dict[str, Any]:
-    from importlib import metadata
-
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "postgresql": postgres_version,
-        "packages": {p: metadata.version(p) for p in ("litellm", "grpcio", "aiohttp", "sqlalchemy", "asyncpg")},
-    }
 
 
 def main() -> None:
@@ -232,10 +221,11 @@ def main() -> None:
                 (cold["llm_calls"] / cold["judgements"]) / (naive["llm_calls"] / naive["judgements"]), 3
             ),
         }
+        figures["goals_met"] = {k: bool(ratios[k] >= v) for k, v in GOALS.items()}
         pg_version = "embedded" if servers.postgres else "external"
         result = {
             "name": "judge",
-            "machine": machine(str(pg_version)),
+            "machine": {**benchstamp.machine(PACKAGES), "postgresql": str(pg_version)},
             "params": params,
             "figures": figures,
             "ratios": ratios,
@@ -252,9 +242,7 @@ def main() -> None:
             goal = GOALS.get(k)
             mark = "" if goal is None else f"   (goal >= {goal}: {'met' if v >= goal else 'MISSED'})"
             print(f"{k:<44}{v:>8}{mark}")
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps(result))
+        benchstamp.write_results("judge", result, out=args.out, packages=PACKAGES)
     finally:
         if judge is not None:
             judge.stop()

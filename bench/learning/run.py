@@ -24,21 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
-import platform
 import random
 import resource
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +45,8 @@ import generate  # noqa: E402
 import loop  # noqa: E402
 import stats  # noqa: E402
 import task  # noqa: E402
+
+from flywheel.stack import benchstamp  # noqa: E402
 
 PACKAGES = ("torch", "transformers", "trl", "peft")
 FULL = {
@@ -92,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("countries", "samples_plain", "samples_few_shot", "dpo_steps", "dpo_batch_size", "max_new_tokens"):
         if getattr(args, name):
             p[name] = getattr(args, name)
-    command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
 
     started = time.monotonic()
     seconds: dict[str, float] = {}
@@ -204,7 +199,6 @@ def main(argv: list[str] | None = None) -> int:
 
     result = build_result(
         p,
-        command,
         held_out,
         {"base": base_answers, "base_few_shot": few_shot_answers, "adapter": adapter_answers},
         samples,
@@ -214,10 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds,
         cpu_seconds,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     print(report(result))
-    print(json.dumps(result, ensure_ascii=False))
+    benchstamp.write_results("learning", result, out=args.out, packages=PACKAGES)
     return 0
 
 
@@ -253,7 +245,6 @@ def train_dpo(rows: list[dict[str, Any]], out: Path, p: dict[str, Any]) -> Any:
 
 def build_result(
     p: dict[str, Any],
-    command: str,
     held_out: list[task.Case],
     answers: dict[str, list[str]],
     samples: list[loop.Sample],
@@ -333,7 +324,7 @@ def build_result(
     }
     return {
         "name": "learning",
-        "machine": machine(command),
+        "machine": machine(),
         "params": p,
         "figures": figures,
         "ratios": {"adapter_vs_base_exact_match": ratio, "adapter_minus_base_ci_low": cmp.ci_low},
@@ -342,33 +333,15 @@ def build_result(
     }
 
 
-def machine(command: str) -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """The machine (``benchstamp.machine``) plus torch's threads and the load at the end; the
+    commit, date and command are in the stamp ``benchstamp.write_results`` adds."""
     import torch
 
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    load = os.getloadavg()
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
+        **benchstamp.machine(PACKAGES),
         "torch_threads": torch.get_num_threads(),
-        "load_average_at_end": [round(x, 2) for x in load],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": {name: metadata.version(name) for name in PACKAGES},
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--", "bench/learning", "services/trainer")),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": command,
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
     }
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import sys
@@ -30,6 +29,7 @@ from flywheel.core.settings import DatabaseSettings
 from flywheel.optimizer import service
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.convert import endpoint_spec
+from flywheel.stack import benchstamp
 from flywheel.stack.services import migrate
 from flywheel.stack.stack import Servers
 
@@ -71,6 +71,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoints", type=int, default=100)
     parser.add_argument("--refreshes", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "refresh.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flywheel-bench-refresh-"))
     work.chmod(0o755)  # PostgreSQL's unprivileged system user must reach its data folder
@@ -94,12 +95,11 @@ def main() -> int:
     )
     result = {
         "name": "refresh",
-        "params": vars(args),
+        "params": {"endpoints": args.endpoints, "refreshes": args.refreshes},
         "figures": {"cpu_ms_per_refresh": ms},
         "ratios": {"reuse_vs_rebuild": ratio},
     }
-    (ROOT / "bench" / "results" / "refresh.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    benchstamp.write_results("refresh", result, out=args.out, packages=("sqlalchemy", "asyncpg"))
     return 0
 
 

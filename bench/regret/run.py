@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 import zlib
 from collections import defaultdict
-from importlib import metadata
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,8 @@ import numpy as np
 from envs import REWARDS, SCENARIOS, environment, make_base
 from loop import play
 from peers import Flywheel, Mabwiser, VowpalWabbit
+
+from flywheel.stack import benchstamp
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -46,6 +46,8 @@ PEERS = ("mabwiser_ts", "mabwiser_ucb1", "mabwiser_eps_greedy", "vw_cb_explore")
 GOALS = {"flywheel_vs_best_peer": 0.9, "delayed_vs_undelayed": 1.1, "drift_discounted_vs_stationary_ts": 0.5}
 # The same goals for the endpoints that choose allocation: ids.
 GOALS |= {"ids_vs_best_peer": 0.9, "ids_delayed_vs_undelayed": 1.1, "drift_ids_discounted_vs_stationary_ts": 0.5}
+# Versions recorded with the results.
+PACKAGES = ("numpy", "scipy", "mabwiser", "vowpalwabbit")
 
 
 def have_vw() -> bool:
@@ -111,30 +113,6 @@ def run_unit(job: tuple[int, int, dict, bool]) -> list[dict]:
                         }
                     )
     return records
-
-
-def machine() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions: dict[str, str | None] = {}
-    for pkg in ("numpy", "scipy", "mabwiser", "vowpalwabbit"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "packages": versions,
-    }
 
 
 def _mean_se(values: list[float]) -> dict[str, float]:
@@ -352,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     params["peers"] = [p for p in PEERS if vw or p != "vw_cb_explore"]
     result = {
         "name": "regret",
-        "machine": machine(),
+        "machine": benchstamp.machine(PACKAGES),
         "params": params,
         "figures": figures,
         "ratios": ratios,
@@ -369,12 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     params["curve_steps"] = marks[step - 1 :: step]
     for entry in figures["per_config"].values():
         entry["curves"] = {p: c[step - 1 :: step] for p, c in entry["curves"].items()}
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
     if plotted:
         print(f"plot: {args.out.with_suffix('.png')}")
     print(table(figures, ratios, vw))
     print(f"wall time {wall} s with {params['jobs']} worker(s); results in {args.out}")
-    print(json.dumps(result, separators=(",", ":")))
+    benchstamp.write_results(
+        "regret",
+        result,
+        out=args.out,
+        packages=PACKAGES,
+        argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])],
+    )
     return 0
 
 

@@ -37,18 +37,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import datetime as dt
 import json
 import math
 import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +60,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 from scripted import OPENINGS, ScriptedReasoner  # noqa: E402
+
+from flywheel.stack import benchstamp  # noqa: E402
 
 TABLE = ROOT / "bench" / "llm-config" / "table.csv"
 RESULTS = ROOT / "bench" / "results" / "rlp.json"
@@ -512,29 +509,9 @@ def plot(figures: dict[str, Any], table: Table, path: Path) -> str | None:
     return None
 
 
-def stamp(command: str) -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": {k: metadata.version(k) for k in ("numpy", "scipy")},
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--", "bench/rlp", "services/society", "services/optimizer")),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": command,
-    }
+def machine() -> dict[str, Any]:
+    """The machine (``benchstamp.machine``) plus the load at the end (the seeds run in parallel)."""
+    return {**benchstamp.machine(("numpy", "scipy")), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -638,10 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         str(r["seed"]): [{k: v for k, v in s.items() if k != "evaluations"} for s in r["search_rlp"]["steps"]]
         for r in rows[:2]
     }
-    command = " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1], *sys.argv])
     result = {
         "name": "rlp",
-        "machine": stamp(command),
+        "machine": machine(),
         "params": {
             "quick": args.quick,
             "seeds": seeds,
@@ -677,14 +653,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     figures["goals_met"] = {"search_vs_rlp_evaluations": bool(ratios["search_vs_rlp_evaluations"] > 1.0)}
     print(render(result))
-    out = args.out or (RESULTS.with_name("rlp-quick.json") if args.quick else RESULTS)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # a quick run goes to the cache, so it never replaces the reported results
+    out = args.out or (ROOT / "bench" / ".cache" / "rlp-quick.json" if args.quick else RESULTS)
     if not args.quick and args.out is None:
         note = plot(figures, table, RESULTS.with_suffix(".png"))
         if note:
             print(note)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "figures"} | {"ratios": ratios}, separators=(",", ":")))
+    command = [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
+    benchstamp.write_results("rlp", result, out=out, packages=("numpy", "scipy"), argv=command)
     return 0
 
 

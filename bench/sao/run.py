@@ -29,9 +29,7 @@ import json
 import math
 import os
 import resource
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +46,8 @@ import heldout  # noqa: E402
 import policy  # noqa: E402
 import winrate  # noqa: E402
 from policy import generate  # noqa: E402  (bench/learning/generate.py)
+
+from flywheel.stack import benchstamp  # noqa: E402
 
 
 def _learning_run() -> Any:
@@ -138,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_out:
         p["held_out"] = min(args.held_out, len(heldout.PROMPTS))
     out_path = args.out or (QUICK_RESULTS if args.quick else RESULTS)
-    command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
     learning = _learning_run()
 
     started = time.monotonic()
@@ -217,13 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     cpu_seconds["total"] = round(time.process_time(), 1)
     cpu_seconds["services_and_servers"] = round(sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]), 1)
 
-    result = build_result(p, learning.machine(command), sao, raw, verdicts, train_result, seconds, cpu_seconds)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    result = build_result(p, learning.machine(), sao, raw, verdicts, train_result, seconds, cpu_seconds)
+    print(report(result))
+    benchstamp.write_results("sao", result, out=out_path, packages=learning.PACKAGES)
     if not args.quick or args.out:
         plot(result, out_path.with_suffix(".png"))
-    print(report(result))
-    print(json.dumps(result, ensure_ascii=False))
     return 0
 
 
@@ -345,10 +342,6 @@ def build_result(
     seconds: dict[str, float],
     cpu_seconds: dict[str, float],
 ) -> dict[str, Any]:
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    machine = {**machine, "git_dirty": bool(git("status", "--porcelain", "--", "bench/sao", "services/society"))}
     stats = sao["result"].stats
     records = raw["records"]
     judges = {}

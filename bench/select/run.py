@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -53,6 +52,7 @@ from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.optimizer.settings import OptimizerSettings
+from flywheel.stack import benchstamp
 from flywheel.stack.servers import free_port
 from flywheel.stack.services import ServiceProcess, migrate
 from flywheel.stack.stack import Servers
@@ -628,28 +628,10 @@ def run_target(target: Target, h2: H2load, p: Params, latency_rate: float | None
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for dist in ("grpcio", "protobuf", "numpy", "mabwiser", "the-convergence"):
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            versions[dist] = version(dist)
+    """The machine (``benchstamp.machine``) plus h2load's version; keys kept from before the stamp."""
+    found = benchstamp.machine(("grpcio", "protobuf", "numpy", "mabwiser", "the-convergence"))
     h2v = subprocess.run(["h2load", "--version"], check=False, capture_output=True, text=True).stdout.strip()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "h2load": h2v,
-        "load_average_at_start": os.getloadavg(),
-        **versions,
-    }
+    return {**found, "h2load": h2v, "load_average_at_start": found["load_at_start"], **found["packages"]}
 
 
 def decisions_logged(servers: Servers, schema: str) -> int:
@@ -809,11 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": GOALS,
     }
     print(render(result, targets))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
-    print(json.dumps(result, separators=(",", ":")))
+    benchstamp.write_results("select", result, out=args.out)
     return 0
 
 

@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import datetime
-import json
 import multiprocessing
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import child
+
+from flywheel.stack import benchstamp
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -105,40 +102,13 @@ def run_params(quick: bool, kind: str, device: str, args: argparse.Namespace) ->
     return p
 
 
-def machine(results: list[dict[str, Any]], device: str, command: str) -> dict[str, Any]:
-    import psutil
-
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    packages = {}
-    for name in PACKAGES:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            packages[name] = None
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
+def machine(results: list[dict[str, Any]], device: str) -> dict[str, Any]:
+    """The machine (``benchstamp.machine``) plus the device the runs used and torch's threads."""
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        **benchstamp.machine(PACKAGES),
         "device": device,
         "device_name": next((r["device_name"] for r in results if "device_name" in r), None),
         "torch_threads": next((r["threads"] for r in results if "threads" in r), None),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": packages,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--", "bench/trainer", "services/trainer")),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command,
     }
 
 
@@ -219,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--verbose", action="store_true", help="keep transformers' and TRL's warnings")
     args = parser.parse_args(argv)
-    command = " ".join(["python", os.path.relpath(sys.argv[0], ROOT), *(argv if argv is not None else sys.argv[1:])])
+    command = [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(KINDS)}")
@@ -271,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             round(fly["tokens_per_s"] / peer["tokens_per_s"], 3) if fly and peer else None
         )
     ratios["dpo_mfu"] = summary.get("dpo", {}).get("flywheel", {}).get("mfu")
-    mach = machine(runs, device, command)
+    mach = machine(runs, device)
     figures = {
         "summary": summary,
         "runs": runs,
@@ -308,11 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": GOALS,
     }
     print(render(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
-    print(json.dumps(result, separators=(",", ":")))
+    benchstamp.write_results("trainer", result, out=args.out, packages=PACKAGES, argv=command)
     return 1 if any("error" in r for r in runs) else 0
 
 
