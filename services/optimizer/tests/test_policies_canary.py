@@ -38,3 +38,37 @@ def test_thresholds_are_configurable_and_checked():
     assert canary_verdict(0.9, 50, min_pulls=100) == "continue"
     with pytest.raises(ValueError, match="retire_probability"):
         canary_verdict(0.5, 50, promote_probability=0.1, retire_probability=0.2)
+
+
+def test_a_canary_on_trial_gets_exactly_its_share_and_the_others_keep_their_ratio():
+    from flywheel.optimizer.policies.canary import trial_shares
+
+    p = np.array([0.6, 0.3, 0.1])  # Thompson would nearly starve the canary (last)
+    out = trial_shares(p, np.array([False, False, True]), np.array([0.0, 0.0, 0.25]))
+    assert out.sum() == pytest.approx(1.0)
+    assert out[2] == pytest.approx(0.25)
+    assert out[0] / out[1] == pytest.approx(2.0)
+    # Nothing on trial: unchanged.
+    assert np.array_equal(trial_shares(p, np.zeros(3, bool), np.zeros(3)), p)
+    # Only canaries live: they split everything.
+    assert trial_shares(np.array([0.0, 1.0]), np.array([True, True]), np.array([0.5, 0.5])).tolist() == [0.5, 0.5]
+
+
+def test_snapshot_gives_a_young_canary_its_trial_share_until_min_pulls():
+    from flywheel.optimizer.posterior import Stats
+    from flywheel.optimizer.snapshot import selection_probabilities, trial_share_vector
+    from flywheel.optimizer.spec import ACTIVE, CANARY, PolicyConfig
+
+    policy = PolicyConfig(canary_min_pulls=20)
+    statuses = [ACTIVE, CANARY]
+    caps = np.array([1.0, 0.3])
+    # The canary lost its first 3 pulls; the incumbent won 40 of 50.
+    stats = Stats(w=np.array([50.0, 3.0]), s=np.array([40.0, 0.0]), ss=np.array([40.0, 0.0]))
+    rng = np.random.default_rng(0)
+    young = trial_share_vector(policy, statuses, caps, np.array([50.0, 3.0]))
+    p = selection_probabilities(policy, stats, np.array([True, True]), caps, rng, trial=young)
+    assert p[1] == pytest.approx(0.3)
+    # With min_pulls reached, the posterior decides again: the canary gets almost nothing.
+    grown = trial_share_vector(policy, statuses, caps, np.array([50.0, 20.0]))
+    stats20 = Stats(w=np.array([50.0, 20.0]), s=np.array([40.0, 2.0]), ss=np.array([40.0, 2.0]))
+    assert selection_probabilities(policy, stats20, np.array([True, True]), caps, rng, trial=grown)[1] < 0.01

@@ -41,13 +41,16 @@ def canary_verdicts(snap: EndpointSnapshot, rng: np.random.Generator) -> dict[st
         pair = Stats(snap.stats.w[[i, reference]], snap.stats.s[[i, reference]], snap.stats.ss[[i, reference]])
         d = posterior.draws(shown, pair, rng, DRAWS)
         p_better = canary.probability_better(d[:, 0], d[:, 1])
-        # Promotion needs min_pulls of evidence. Retirement does not: Thompson sampling
-        # starves a clearly worse canary, so it might never reach min_pulls.
-        if p_better <= snap.policy.canary_retire_probability:
-            verdict = "retire"
-        elif snap.pulls[i] >= snap.policy.canary_min_pulls and p_better >= snap.policy.canary_promote_probability:
-            verdict = "promote"
-        else:
+        # Both verdicts need min_pulls; a canary on trial gets a fixed share of traffic until
+        # it has them (snapshot.trial_share_vector), so it is never starved of a verdict.
+        verdict = canary.canary_verdict(
+            p_better,
+            snap.pulls[i],
+            min_pulls=snap.policy.canary_min_pulls,
+            promote_probability=snap.policy.canary_promote_probability,
+            retire_probability=snap.policy.canary_retire_probability,
+        )
+        if verdict == "continue":
             continue
         out[snap.arm_ids[i]] = verdict
         log.info(
