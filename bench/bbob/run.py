@@ -35,13 +35,14 @@ outside the objective, per evaluation.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -326,8 +327,20 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", f"{'goal':<32}{'value':>8}{'goal':>9}  met"]
     for name, g in result["goals"].items():
         lines.append(f"{name:<32}{g['value']:>8.3f}{g['goal']:>9}  {'yes' if g['met'] else 'NO (missed)'}")
-    lines.append(f"best peer on this run: {f['best_peer']}; {f['seconds']} s")
+    lines.append(f"best peer on this run: {f['best_peer']}; {f['seconds']} s wall")
+    lines.append("seconds per problem: " + ", ".join(f"{m} {v}" for m, v in f["seconds_per_problem"].items()))
+    if not f["complete"]:
+        lines.append(f"INCOMPLETE: {len(f['problems_not_run'])} problems not run: {f['problems_not_run']}")
     return "\n".join(lines)
+
+
+def load_rows(path: Path | None, methods: tuple[str, ...]) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """Finished problems from a ``--rows`` file (one JSON row per line), keyed (f, dim, instance);
+    a row missing one of ``methods`` is not counted as finished."""
+    if not path or not path.exists():
+        return {}
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return {(r["f"], r["dim"], r["instance"]): r for r in rows if all(m in r for m in methods)}
 
 
 def run_suite(
@@ -339,31 +352,53 @@ def run_suite(
     cache: dict[str, Any] | None = None,
     overrides: dict[str, Any] | None = None,
     methods: tuple[str, ...] = METHODS,
-) -> tuple[list[dict[str, Any]], float]:
-    """Every method on every problem; returns the rows and the wall seconds."""
+    rows_file: Path | None = None,
+    stop_after: float | None = None,
+) -> tuple[list[dict[str, Any]], float, list[tuple[int, int, int]]]:
+    """Every method on every problem. Problems already in ``rows_file`` are not rerun and each
+    finished one is appended to it (so a stopped run resumes); after ``stop_after`` seconds no
+    new problem starts. Returns the rows (sorted), the wall seconds and the problems not run."""
     cache = cache or {}
     overrides = overrides or {}
     flywheel_settings(0, overrides)  # fail fast on a bad override
-    # Slowest first (GPSampler's cost grows with the dimension) so the pool ends together.
-    tasks = [
-        (f, d, i, cache.get(f"{f},{d},{i}"), overrides, methods)
-        for d in sorted(dims, reverse=True)
-        for f in functions
-        for i in instances
-    ]
+    # Slowest dimension first (GPSampler's cost grows with it), then a whole instance at a time,
+    # so a run stopped early still covers every function on its first instances.
+    wanted = [(f, d, i) for d in sorted(dims, reverse=True) for i in instances for f in functions]
+    done = load_rows(rows_file, methods)
+    rows = [done[k] for k in wanted if k in done]
+    todo = [k for k in wanted if k not in done]
     t0 = time.perf_counter()
-    rows = []
+    missing: list[tuple[int, int, int]] = []
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for n, row in enumerate(pool.map(run_problem, tasks), 1):
-            rows.append(row)
-            print(
-                f"[{n}/{len(tasks)}] f{row['f']} d{row['dim']} i{row['instance']}: "
-                + " ".join(f"{m}={row[m]['normalized_regret']:.3f}" for m in methods)
-                + f" ({time.perf_counter() - t0:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-    return rows, time.perf_counter() - t0
+        running: dict[Any, tuple[int, int, int]] = {}
+        queue = list(todo)
+        while queue or running:
+            while queue and len(running) < max(1, jobs):
+                if stop_after is not None and time.perf_counter() - t0 > stop_after:
+                    missing, queue = queue, []
+                    break
+                k = queue.pop(0)
+                running[pool.submit(run_problem, (*k, cache.get(",".join(map(str, k))), overrides, methods))] = k
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                running.pop(fut)
+                row = fut.result()
+                rows.append(row)
+                if rows_file:
+                    with rows_file.open("a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+                print(
+                    f"[{len(rows)}/{len(wanted)}] f{row['f']} d{row['dim']} i{row['instance']}: "
+                    + " ".join(f"{m}={row[m]['normalized_regret']:.3f}" for m in methods)
+                    + f" ({time.perf_counter() - t0:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    order = {k: n for n, k in enumerate(wanted)}
+    rows.sort(key=lambda r: order[(r["f"], r["dim"], r["instance"])])
+    return rows, time.perf_counter() - t0, missing
 
 
 def build_result(
@@ -376,9 +411,18 @@ def build_result(
     mode: str,
     jobs: int,
     overrides: dict[str, Any] | None = None,
+    missing: list[tuple[int, int, int]] | None = None,
 ) -> dict[str, Any]:
     figures = summarise(rows)
     figures["seconds"] = round(seconds, 1)
+    figures["complete"] = not missing
+    figures["problems_not_run"] = [list(k) for k in missing or []]
+    # CPU-bound seconds per problem and method (wall, one worker each): comparable across resumed runs.
+    figures["seconds_per_problem"] = {
+        m: round(statistics.fmean(r[m]["seconds"] for r in rows if "seconds" in r[m]), 1)
+        for m in METHODS
+        if any("seconds" in r[m] for r in rows)
+    }
     figures["best_peer"] = min(PEERS, key=lambda m: figures[m]["mean_normalized_regret"])
     ratios = ratios_with_ci(rows)
     overhead = {m: figures[m]["overhead_ms_per_suggestion"] for m in ("flywheel", "optuna_gp")}
@@ -432,6 +476,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", default=None, help="held-out instance numbers, 16 and up (e.g. 16-17)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/bbob.json (bbob-quick.json)")
+    parser.add_argument(
+        "--rows", type=Path, default=None, help="JSON-lines file of finished problems: skipped on a rerun, appended to"
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        help="seconds after which no new problem starts; the result then says which problems it lacks",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         functions, dims, instances = [1, 6, 10, 15, 20], [3], [16]
@@ -452,8 +505,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad := sorted(set(dims) - set(BBOB_DIMS)):
         parser.error(f"--dims: {bad} are not BBOB dimensions {list(BBOB_DIMS)}")
     mode = "quick" if args.quick else "full" if args.full else "default"
-    rows, seconds = run_suite(functions, dims, instances, jobs=args.jobs)
-    result = build_result(rows, seconds, functions=functions, dims=dims, instances=instances, mode=mode, jobs=args.jobs)
+    rows, seconds, missing = run_suite(
+        functions, dims, instances, jobs=args.jobs, rows_file=args.rows, stop_after=args.stop_after
+    )
+    if not rows:
+        parser.error("no problem finished (see --stop-after)")
+    result = build_result(
+        rows, seconds, functions=functions, dims=dims, instances=instances, mode=mode, jobs=args.jobs, missing=missing
+    )
     print(render(result), file=sys.stderr)
     out = args.out or (Path(__file__).resolve().parents[1] / "results" / "bbob-quick.json" if args.quick else None)
     stamp_argv = None if argv is None else ["bench/bbob/run.py", *argv]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -92,3 +93,12 @@ def test_held_out_instances_are_new_problems():
     x = [0.5, -1.0, 2.0]
     assert a(x) != b(x)
     assert run.f_opt(1, 3, 16) != run.f_opt(1, 3, 1)
+
+
+def test_a_rows_file_resumes_only_complete_problems(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    full = {"f": 1, "dim": 3, "instance": 16, **{m: {"normalized_regret": 0.5} for m in run.METHODS}}
+    partial = {"f": 2, "dim": 3, "instance": 16, "flywheel": {"normalized_regret": 0.5}}
+    path.write_text(json.dumps(full) + "\n" + json.dumps(partial) + "\n")
+    assert list(run.load_rows(path, run.METHODS)) == [(1, 3, 16)]
+    assert run.load_rows(tmp_path / "absent.jsonl", run.METHODS) == {}

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--dims: {bad} are not tuning dims {run.TUNING_DIMS}")
     methods = tuple(m for m in run.METHODS if not (args.no_gp and m == "optuna_gp"))
     cache = json.loads(args.peers_cache.read_text()) if args.peers_cache and args.peers_cache.exists() else {}
-    rows, seconds = run.run_suite(
+    rows, seconds, _ = run.run_suite(
         functions, dims, instances, jobs=args.jobs, cache=cache, overrides=args.flywheel_settings, methods=methods
     )
     if args.peers_cache:
