@@ -11,7 +11,7 @@ Modules:
 - `gaussian`: Normal-Inverse-Gamma posterior for rewards of unknown mean and variance.
 - `linear`: linear Thompson sampling over per-arm X'X and X'y.
 - `drift`: exponential discounting (half-life) and sliding-window bucket sums.
-- `segments`: per-segment priors that borrow a capped amount of the endpoint's evidence.
+- `segments`: per-segment priors that borrow from the other segments as much as they agree (empirical Bayes).
 - `selection`: action probabilities from posterior draws, caps and floors, sampling.
 - `incumbent`: the stability rule that names the incumbent arm.
 - `canary`: probability that a canary beats the incumbent, and the verdict.
