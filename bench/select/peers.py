@@ -10,7 +10,11 @@
 - ``convergence``: The Convergence's runtime API (``configure_runtime`` + ``runtime_select``)
   with an in-memory ``RuntimeStorageProtocol`` implementation shaped like the one in the
   package's own quickstart example (0.1.8 ships none), seeded with three default arms and
-  fed 2,000 ``runtime_update`` rewards before serving.
+  fed 2,000 ``runtime_update`` rewards before serving. Its API is async: on grpc.aio its
+  coroutines are awaited in the handlers; on the sync server (``SyncConvergence``) they run to
+  completion on one private event loop per process. ``CONVERGENCE_SERVER`` is the kind that
+  served it fastest; bench/select/run.py runs it there (the headline row) and on the other kind
+  (a second row).
 
 Peers get every advantage that is theirs to take: the params Struct of each arm is built once
 (Flywheel builds it per call), they log nothing (Flywheel buffers every decision and writes it
@@ -51,6 +55,9 @@ ARMS: dict[str, dict[str, Any]] = {
 # True success rates used to make the fitting data (binary rewards).
 RATES = {"fast": 0.10, "balanced": 0.15, "careful": 0.20}
 FIT_ROWS = 2000
+# The gRPC server kind The Convergence serves Select fastest on (``--flavour``), measured with
+# both in alternating --quick runs (bench/select/README.md); run.py's headline row uses it.
+CONVERGENCE_SERVER = "aio"
 
 
 def _struct(d: dict[str, Any]) -> Struct:
@@ -228,6 +235,28 @@ class Convergence:
         return sel_pb.SelectBatchResponse(decisions=[await self.select(r) for r in request.requests])
 
 
+class SyncConvergence:
+    """The Convergence behind grpcio's thread-pool server: its coroutines run to completion on
+    one private event loop, one call at a time (a threading lock). The in-memory storage never
+    suspends, so a call is a few synchronous steps; serialising them also keeps the runtime's
+    ``asyncio.Lock`` objects uncontended (they are not thread-safe) and costs nothing a GIL-bound
+    handler would not pay anyway."""
+
+    def __init__(self, user_id: str) -> None:
+        self.impl = Convergence()
+        self.loop = asyncio.new_event_loop()
+        self.lock = threading.Lock()
+        self.loop.run_until_complete(self.impl.setup(user_id))
+
+    def select(self, request: sel_pb.SelectRequest) -> sel_pb.SelectResponse:
+        with self.lock:
+            return self.loop.run_until_complete(self.impl.select(request))
+
+    def select_batch(self, request: sel_pb.SelectBatchRequest) -> sel_pb.SelectBatchResponse:
+        with self.lock:
+            return self.loop.run_until_complete(self.impl.select_batch(request))
+
+
 # --- servers ---------------------------------------------------------------------------------
 
 
@@ -364,10 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user-id", default="u-1", help="the user id the bench's requests carry")
     parser.add_argument("--busy-us", type=float, default=0.0, help="echo only: spin this many us of Python per Select")
     args = parser.parse_args(argv)
-    impl: Any = {"echo": lambda: Echo(args.busy_us), "mabwiser": Mabwiser, "convergence": Convergence}[args.kind]()
+    impl: Any
+    if args.kind == "convergence" and args.flavour == "sync":
+        impl = SyncConvergence(args.user_id)
+    else:
+        impl = {"echo": lambda: Echo(args.busy_us), "mabwiser": Mabwiser, "convergence": Convergence}[args.kind]()
     if args.flavour == "sync":
-        if isinstance(impl, Convergence):
-            parser.error("The Convergence's runtime API is async: use --flavour aio")
         counts = serve_sync(impl, args.port, args.workers)
     else:
         counts = asyncio.run(serve_aio(impl, args.port, args.user_id))

@@ -10,7 +10,8 @@ core 0, where NATS, PostgreSQL and S3 also live. Targets:
 - ``grpc_echo_aio`` / ``grpc_echo_sync``: bare grpcio servers (grpc.aio, and the sync
   server with a thread pool) returning one fixed SelectResponse.
 - ``mabwiser``: MABWiser ThompsonSampling ``predict`` in a grpc.aio server.
-- ``convergence``: The Convergence's ``runtime_select`` (in-memory storage) in a grpc.aio server.
+- ``convergence``: The Convergence's ``runtime_select`` (in-memory storage) on the gRPC server
+  kind fastest for it (``peers.CONVERGENCE_SERVER``); ``convergence_<other kind>`` on the other.
 
 The peers are in bench/select/peers.py; the method and its choices in bench/select/README.md.
 
@@ -74,7 +75,9 @@ AUTH_TOKEN = "bench-select-token"  # noqa: S105 - a throwaway token for a loopba
 FIT_SELECTS = 300
 
 GOALS = {"flywheel_vs_grpc_echo": 0.85, "flywheel_vs_mabwiser": 1.1, "flywheel_vs_convergence": 2.0}
-TARGETS = ("flywheel", "grpc_echo_aio", "grpc_echo_sync", "mabwiser", "convergence")
+# The Convergence on the server kind fastest for it (the headline) and on the other one.
+CONVERGENCE_OTHER = "sync" if peers.CONVERGENCE_SERVER == "aio" else "aio"
+TARGETS = ("flywheel", "grpc_echo_aio", "grpc_echo_sync", "mabwiser", "convergence", f"convergence_{CONVERGENCE_OTHER}")
 # The optimizer's gRPC server: its default (grpcio's thread-pool server) unless
 # FLYWHEEL_OPTIMIZER_GRPC_SERVER says otherwise; the goal's echo and MABWiser's server follow it.
 FLAVOUR = os.environ.get("FLYWHEEL_OPTIMIZER_GRPC_SERVER", OptimizerSettings.model_fields["grpc_server"].default)
@@ -84,6 +87,7 @@ RATIO_PEERS = {
     f"flywheel_vs_grpc_echo_{OTHER_FLAVOUR}": f"grpc_echo_{OTHER_FLAVOUR}",
     "flywheel_vs_mabwiser": "mabwiser",
     "flywheel_vs_convergence": "convergence",
+    f"flywheel_vs_convergence_{CONVERGENCE_OTHER}": f"convergence_{CONVERGENCE_OTHER}",
 }
 
 
@@ -702,7 +706,10 @@ def main(argv: list[str] | None = None) -> int:
             "grpc_echo_aio": lambda: PeerTarget(work, "grpc_echo_aio", "echo", "aio"),
             "grpc_echo_sync": lambda: PeerTarget(work, "grpc_echo_sync", "echo", "sync"),
             "mabwiser": lambda: PeerTarget(work, "mabwiser", "mabwiser", FLAVOUR),
-            "convergence": lambda: PeerTarget(work, "convergence", "convergence", "aio"),
+            "convergence": lambda: PeerTarget(work, "convergence", "convergence", peers.CONVERGENCE_SERVER),
+            f"convergence_{CONVERGENCE_OTHER}": lambda: PeerTarget(
+                work, f"convergence_{CONVERGENCE_OTHER}", "convergence", CONVERGENCE_OTHER
+            ),
         }
         latency_rate: float | None = None
         for i in range(p.rounds):
@@ -780,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
             "arms": peers.ARMS,
             "flywheel_auth": "bearer token (checked on every call)",
             "flywheel_grpc_server": FLAVOUR,
+            "convergence_grpc_server": peers.CONVERGENCE_SERVER,
             "throughput_rule": "best round (other tenants of the machine only take CPU away)",
             "latency_rule": "h2load --rps per client x clients = half of Flywheel's saturated Select/s "
             "(first round), same rate for every target; percentiles from h2load --log-file, "
