@@ -1,53 +1,55 @@
-"""Exactly-once feedback throughput: Flywheel's optimizer against a raw nats-py consumer and
-FastStream, then a kill -9 of the optimizer mid-stream.
+"""Exactly-once feedback throughput and latency: Flywheel's optimizer against raw nats-py and
+FastStream, each batched like the optimizer and per message, then a kill -9 of every one.
 
     python bench/feedback/run.py [--quick]
 
 Real NATS (JetStream), PostgreSQL and S3 start under a temporary folder, the optimizer's
 schema is migrated, and the real optimizer process creates one endpoint per contestant and
-its decisions through its gRPC API (SelectBatch, 1000 per call; each decision then gets
-several feedback events, each with its own event id). Then, for each contestant in turn:
+phase and their decisions through its gRPC API (SelectBatch, 1000 per call; each decision
+then gets several feedback events, each with its own event id).
 
-1. its feedback events are published to its own JetStream stream (async publishes, 2000 in
-   flight) while nothing consumes them, so it starts with a backlog;
-2. its consumer process starts: the optimizer (`python -m flywheel.optimizer`, its durable
-   consumer, one transaction per fetched batch) or a peer from peers.py (one transaction
-   per message);
-3. arm totals are polled in PostgreSQL every 20 ms; the rate is the posterior updates
-   applied between the first and the last poll at which the count changed, over that time;
-4. once the consumer has nothing pending and nothing unacked, the arms, arm_stats and the
-   applied_feedback ledger are compared with what was published (lost / double counted).
+Contestants (each its own process, its own NATS namespace, stream and durable consumer):
+``flywheel`` (``python -m flywheel.optimizer``, one transaction per fetched batch of 1000),
+``raw_natspy_batch`` and ``faststream_batch`` (peers.py: the same batched exactly-once SQL,
+one transaction per batch of 1000, ack after commit), and ``raw_natspy`` and ``faststream``
+(peers.py: one transaction per message, the second rows).
 
-Every contestant writes the optimizer's tables in one schema, each for its own endpoint and
-from its own stream (namespaces bfly, braw, bfs), so counts never mix.
-
-The crash check publishes events for another endpoint, a tenth of them twice with different
-Nats-Msg-Ids (JetStream stores both copies, so only the optimizer's dedup can drop one),
-starts the optimizer, SIGKILLs it once about a third is applied, restarts it and waits until
-its consumer has nothing pending or unacked. What the killed process held unacked comes
-back after the consumer's ack_wait (30 s), so this phase lasts at least that long.
+1. Throughput, in rounds (the order reversed every other round, so a machine whose load
+   drifts favours no one): per contestant its events are published to its stream while
+   nothing consumes, its consumer process starts on that backlog, and arm totals are polled
+   in PostgreSQL every 20 ms; the rate is the posterior updates applied between the first and
+   the last poll at which the count changed, over that time. Once the consumer has nothing
+   pending and nothing unacked, the arms, arm_stats and the applied_feedback ledger are
+   compared with everything published so far (lost / double counted).
+2. Latency: with the consumer running and idle, events are published one at a time at a fixed
+   rate every contestant sustains; each event's latency is from just before its publish to the
+   first poll (every 5 ms, by event id) that sees its ledger row, i.e. its transaction committed.
+3. Crash, every contestant at once: events for another endpoint, a tenth of them published a
+   second time with a different Nats-Msg-Id (JetStream stores both copies, so only the
+   consumer's dedup can drop one); the consumer is SIGKILLed once about a third is applied,
+   restarted, and the bench waits until nothing is pending or unacked. What the killed process
+   held unacked comes back after the consumer's ack_wait (30 s).
 
 Every process started here (servers, optimizer, peers) is stopped by pid, also on failure,
-and the temporary folder is removed (``--keep`` keeps it, with the logs).
+and the temporary folder is removed (``--keep`` keeps it, with the logs). Results go to
+bench/results/feedback.json through flywheel.stack.benchstamp (commit, date, machine, command).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
-import platform
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,7 @@ from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.api.subjects import Catalogue
 from flywheel.core.bus.connection import ensure_stream
+from flywheel.stack.benchstamp import write_results
 from flywheel.stack.servers import _find_binary
 from flywheel.stack.services import ServiceProcess, migrate
 from flywheel.stack.stack import Servers
@@ -74,21 +77,69 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parents[1] / "bench" / "results" / "feedback.json"
 
 SCHEMA = "bench"
-FLYWHEEL_NS = "bfly"
-PEERS = {"raw_natspy": "braw", "faststream": "bfs"}  # peer -> its NATS namespace
+FLYWHEEL_BATCH = 1000  # the optimizer's feedback consumer: batch_size=1000 (optimizer app.py), fetch timeout 0.5 s
+
+
+@dataclass(frozen=True)
+class Contestant:
+    name: str
+    namespace: str  # its own NATS namespace: stream and durable consumer
+    batched: bool  # one transaction per fetched batch (else one per message)
+    env: dict[str, str] = field(default_factory=dict)  # BENCH_* settings for peers.py
+
+
+# Order of the first round; the next round runs them in reverse, and so on.
+CONTESTANTS = (
+    Contestant("flywheel", "bfly", True),
+    Contestant("raw_natspy_batch", "brawb", True, {"BENCH_BATCH": str(FLYWHEEL_BATCH), "BENCH_BATCH_TIMEOUT": "0.5"}),
+    Contestant(
+        "faststream_batch",
+        "bfsb",
+        True,
+        # FastStream's batch subscriber awaits one batch's handler before fetching the next: one
+        # connection is all it uses. Its timeout (the longest a partial batch waits) is the
+        # optimizer's fetch timeout, not FastStream's default of 5 s.
+        {"BENCH_BATCH": str(FLYWHEEL_BATCH), "BENCH_BATCH_TIMEOUT": "0.5", "BENCH_POOL": "2"},
+    ),
+    Contestant("raw_natspy", "braw", False, {"BENCH_BATCH": "256", "BENCH_BATCH_TIMEOUT": "0.5"}),
+    Contestant("faststream", "bfs", False, {"BENCH_BATCH": "256", "BENCH_BATCH_TIMEOUT": "0.5", "BENCH_POOL": "10"}),
+)
+BY_NAME = {c.name: c for c in CONTESTANTS}
 ARMS = ("small", "large", "creative")
 REWARDS = (0.0, 0.25, 0.5, 0.75, 1.0)  # exact in binary: sums compare exactly
 DURABLE = "optimizer-feedback"
 
-FULL = {"events": 200_000, "peer_events": 20_000, "crash_events": 30_000}
-QUICK = {"events": 20_000, "peer_events": 3_000, "crash_events": 6_000}
+# events: per batched contestant (split over the rounds); peer_events: per per-message peer.
+FULL = {
+    "events": 200_000,
+    "peer_events": 20_000,
+    "rounds": 2,
+    "latency_events": 2_000,
+    "latency_rate": 50,
+    "crash_events": 30_000,
+    "peer_crash_events": 10_000,
+}
+QUICK = {
+    "events": 20_000,
+    "peer_events": 3_000,
+    "rounds": 2,
+    "latency_events": 500,
+    "latency_rate": 50,
+    "crash_events": 6_000,
+    "peer_crash_events": 3_000,
+}
 EVENTS_PER_DECISION = 4
 CRASH_DUPLICATE_FRACTION = 0.1
-GOALS = {"flywheel_vs_raw_natspy": 0.8, "flywheel_vs_faststream": 3.0}
+WARMUP_EVENTS = 20
+# The goals set against the peers before (0.8 against raw nats-py, 3.0 against FastStream),
+# now held against each peer's strongest configuration: the batched one.
+GOALS = {"flywheel_vs_raw_natspy_batch": 0.8, "flywheel_vs_faststream_batch": 3.0}
 
 SELECT_BATCH = 1000  # the most SelectBatch takes
 PUBLISH_IN_FLIGHT = 2000
 POLL_S = 0.02
+LATENCY_POLL_S = 0.005
+IDLE_S = 10.0
 STALL_S = 60.0  # longer than ack_wait (30 s): redeliveries after the crash take that long
 
 
@@ -145,6 +196,12 @@ class PeerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()  # SIGKILL to this pid only
+            self.proc.wait(5)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -178,6 +235,15 @@ class Workload:
     @property
     def distinct(self) -> int:
         return len(self.expected_ids)
+
+    def add(self, other: Workload) -> None:
+        """Fold in another workload for the same endpoint (the truth becomes cumulative)."""
+        self.messages += other.messages
+        self.expected_ids |= other.expected_ids
+        for arm, (n, s) in other.expected_arms.items():
+            self.expected_arms[arm][0] += n
+            self.expected_arms[arm][1] += s
+        self.duplicates += other.duplicates
 
 
 def make_workload(
@@ -315,6 +381,64 @@ async def wait_drained(js: Any, namespace: str, durable: str, timeout_s: float =
         await asyncio.sleep(0.1)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between order statistics."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+async def paced_latency(
+    pool: asyncpg.Pool, js: Any, subject: str, messages: list[tuple[bytes, str]], rate: float
+) -> list[float]:
+    """Publish ``messages`` one at a time at ``rate`` per second and return each event's
+    seconds from just before its publish to the first poll whose snapshot holds its ledger
+    row (polls every LATENCY_POLL_S, by event id, only for events not seen yet)."""
+    headers = {"Content-Type": "application/protobuf"}
+    sent: dict[str, float] = {}
+    unseen: set[str] = set()
+    latencies: list[float] = []
+    done_publishing = asyncio.Event()
+
+    async def publisher() -> None:
+        t0 = time.monotonic()
+        for k, (payload, msg_id) in enumerate(messages):
+            delay = t0 + k / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            event_id = msg_id.rsplit("-copy", 1)[0]
+            sent[event_id] = time.monotonic()
+            unseen.add(event_id)
+            ack = await js.publish(subject, payload, headers={**headers, "Nats-Msg-Id": msg_id}, timeout=30)
+            if ack.duplicate:
+                raise RuntimeError(f"{subject}: {msg_id} dropped as a duplicate")
+        done_publishing.set()
+
+    async def poller() -> None:
+        last_progress = time.monotonic()
+        while not (done_publishing.is_set() and not unseen):
+            await asyncio.sleep(LATENCY_POLL_S)
+            if not unseen:
+                continue
+            t = time.monotonic()  # the snapshot is taken after this: an upper bound on the commit
+            rows = await pool.fetch(
+                "SELECT event_id FROM applied_feedback WHERE event_id = ANY($1::text[])", list(unseen)
+            )
+            for r in rows:
+                unseen.discard(r["event_id"])
+                latencies.append(t - sent[r["event_id"]])
+            if rows:
+                last_progress = t
+            elif t - last_progress > STALL_S:
+                raise RuntimeError(f"{subject}: {len(unseen)} events not applied after {STALL_S:.0f} s")
+
+    await asyncio.gather(publisher(), poller())
+    return latencies
+
+
 async def verify(pool: asyncpg.Pool, w: Workload) -> dict[str, Any]:
     """Compare the database with what was published (and acknowledged by JetStream)."""
     arms = {
@@ -415,6 +539,36 @@ def decisions_for(events: int) -> int:
     return max(1, math.ceil(events / EVENTS_PER_DECISION))
 
 
+def durable_of(c: Contestant) -> str:
+    return DURABLE if c.name == "flywheel" else f"bench-{c.name.replace('_', '-')}"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "mean": round(1e3 * statistics.fmean(values), 1) if values else math.nan,
+        "p50": round(1e3 * percentile(values, 0.5), 1),
+        "p90": round(1e3 * percentile(values, 0.9), 1),
+        "p99": round(1e3 * percentile(values, 0.99), 1),
+        "max": round(1e3 * max(values), 1) if values else math.nan,
+    }
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+async def idle_cpu(proc: Any, endpoints: int, settle_s: float = 2.0, seconds: float = IDLE_S) -> dict[str, Any]:
+    """The optimizer's CPU with no request and no feedback: its background loops (posterior
+    cache refresh, batch-run driver, arm lifecycle), which the peers do not run."""
+    await asyncio.sleep(settle_s)
+    before = cpu_seconds(proc.pid)
+    await asyncio.sleep(seconds)
+    share = (cpu_seconds(proc.pid) - before) / seconds
+    log(f"flywheel idle: {100 * share:.1f}% of a core with {endpoints} endpoints")
+    return {"cpu_percent_of_a_core": round(100 * share, 1), "endpoints": endpoints, "seconds": seconds}
+
+
 class Run:
     def __init__(self, root: Path, params: dict[str, Any], seed: int) -> None:
         self.root = root
@@ -429,13 +583,16 @@ class Run:
         return self.servers.env(namespace=namespace, schema=SCHEMA, bucket_prefix="bench")
 
     def optimizer(self) -> Optimizer:
-        proc = Optimizer(env=self.env(FLYWHEEL_NS), log_dir=self.root / "services" / FLYWHEEL_NS)
+        proc = Optimizer(env=self.env("bfly"), log_dir=self.root / "services" / "bfly")
         self.procs.append(proc)
         return proc
 
-    def peer(self, kind: str) -> PeerProcess:
-        env = {**self.env(PEERS[kind]), "BENCH_DURABLE": durable_of(kind)}
-        proc = PeerProcess(kind, env, self.root / "services")
+    def consumer(self, c: Contestant) -> Any:
+        """A fresh consumer process for ``c`` (not started)."""
+        if c.name == "flywheel":
+            return self.optimizer()
+        env = {**self.env(c.namespace), "BENCH_DURABLE": durable_of(c), **c.env}
+        proc = PeerProcess(c.name, env, self.root / "services")
         self.procs.append(proc)
         return proc
 
@@ -451,9 +608,9 @@ class Run:
         started = time.perf_counter()
         log(f"starting NATS, PostgreSQL and S3 under {self.root}")
         self.servers.start()
-        migrate("optimizer", self.env(FLYWHEEL_NS))
+        migrate("optimizer", self.env("bfly"))
         dsn = self.servers.database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
-        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, server_settings={"search_path": SCHEMA})
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=8, server_settings={"search_path": SCHEMA})
         nats_server = self.servers.nats
         nc = await nats.connect(nats_server.url, user=nats_server.user, password=nats_server.password)
         try:
@@ -464,81 +621,146 @@ class Run:
             await pool.close()
         self.figures["seconds"] = round(time.perf_counter() - started, 1)
 
-    async def _run(self, pool: asyncpg.Pool, js: Any) -> None:
+    def events(self, c: Contestant, what: str) -> int:
         p = self.params
+        if what == "throughput":
+            return p["events"] if c.batched else p["peer_events"]
+        if what == "latency":
+            return p["latency_events"] + WARMUP_EVENTS
+        return p["crash_events"] if c.batched else p["peer_crash_events"]
+
+    async def _run(self, pool: asyncpg.Pool, js: Any) -> None:
         wanted = {
-            "bench-flywheel": decisions_for(p["events"]),
-            **{f"bench-{kind}": decisions_for(p["peer_events"]) for kind in PEERS},
-            "bench-crash": decisions_for(p["crash_events"]),
+            f"bench-{what}-{c.name}": decisions_for(self.events(c, what))
+            for what in ("throughput", "latency", "crash")
+            for c in CONTESTANTS
         }
         started = time.perf_counter()
         optimizer = self.optimizer()
         optimizer.start()
         optimizer.wait_serving(60)
         decisions = await make_decisions(optimizer.address, pool, wanted)
+        self.figures["flywheel_idle"] = await idle_cpu(optimizer, len(wanted))
         optimizer.stop()
         made = sum(len(v) for v in decisions.values())
         self.figures["decisions"] = {"made_by_select_batch": made, "seconds": round(time.perf_counter() - started, 1)}
         log(f"{made:,} decisions through SelectBatch in {self.figures['decisions']['seconds']} s")
 
-        for ns in (FLYWHEEL_NS, *PEERS.values()):
-            cat = Catalogue(ns)
+        for c in CONTESTANTS:
+            cat = Catalogue(c.namespace)
             await ensure_stream(js, cat.streams[cat.consumer(DURABLE).stream])
 
-        throughput: dict[str, Any] = {}
-        work = make_workload("bench-flywheel", decisions["bench-flywheel"], p["events"], "fly", self.rng)
-        throughput["flywheel"] = await self._drain(pool, js, work, FLYWHEEL_NS, DURABLE, self.optimizer())
-        for kind, ns in PEERS.items():
-            endpoint = f"bench-{kind}"
-            work = make_workload(endpoint, decisions[endpoint], p["peer_events"], kind, self.rng)
-            throughput[kind] = await self._drain(pool, js, work, ns, durable_of(kind), self.peer(kind))
-        self.figures["throughput"] = throughput
+        self.figures["throughput"] = await self._throughput(pool, js, decisions)
+        latency: dict[str, Any] = {}
+        for c in CONTESTANTS:
+            latency[c.name] = await self._latency(pool, js, c, decisions[f"bench-latency-{c.name}"])
+        self.figures["latency"] = latency
+        results = await asyncio.gather(
+            *(self._crash(pool, js, c, decisions[f"bench-crash-{c.name}"]) for c in CONTESTANTS)
+        )
+        self.figures["crash"] = {c.name: r for c, r in zip(CONTESTANTS, results, strict=True)}
 
-        self.figures["crash"] = await self._crash(pool, js, decisions["bench-crash"])
+    async def _throughput(self, pool: asyncpg.Pool, js: Any, decisions: dict[str, list[Any]]) -> dict[str, Any]:
+        rounds = self.params["rounds"]
+        truth = {c.name: Workload(f"bench-throughput-{c.name}") for c in CONTESTANTS}
+        per_round: dict[str, list[dict[str, Any]]] = {c.name: [] for c in CONTESTANTS}
+        for r in range(rounds):
+            order = CONTESTANTS if r % 2 == 0 else tuple(reversed(CONTESTANTS))
+            for c in order:
+                endpoint = truth[c.name].endpoint
+                n = self.events(c, "throughput") // rounds
+                work = make_workload(endpoint, decisions[endpoint], n, f"{c.name}-r{r}", self.rng)
+                truth[c.name].add(work)
+                row = await self._drain(pool, js, c, work, truth[c.name])
+                row["round"] = r
+                per_round[c.name].append(row)
+        out: dict[str, Any] = {}
+        for c in CONTESTANTS:
+            rows = per_round[c.name]
+            last = rows[-1]  # its checks cover every round so far (cumulative truth)
+            rates = [x["updates_per_s"] for x in rows]
+            out[c.name] = {
+                "mode": "one transaction per batch" if c.batched else "one transaction per message",
+                "updates_per_s": round(statistics.median(rates), 1),
+                "updates_per_s_rounds": rates,
+                "consumer_cpu_us_per_update": round(
+                    statistics.median(x["consumer_cpu_us_per_update"] for x in rows), 1
+                ),
+                "rounds": rows,
+                "events_per_round": last["events"],
+                **{k: last[k] for k in last if k not in ("updates_per_s", "round", "publish", "events")},
+            }
+        return out
 
     async def _drain(
-        self, pool: asyncpg.Pool, js: Any, work: Workload, ns: str, durable: str, proc: Any
+        self, pool: asyncpg.Pool, js: Any, c: Contestant, work: Workload, truth: Workload
     ) -> dict[str, Any]:
-        name = work.endpoint
-        pub = await publish(js, Catalogue(ns).feedback(work.endpoint), work.messages)
+        before = await totals(pool, work.endpoint)
+        pub = await publish(js, Catalogue(c.namespace).feedback(work.endpoint), work.messages)
+        proc = self.consumer(c)
         proc.start()
-        w = await watch(pool, work.endpoint, work.distinct, proc)
-        await wait_drained(js, ns, durable)
-        checks = await verify(pool, work)
+        w = await watch(pool, work.endpoint, truth.distinct, proc, Watch(last_n=before))
+        await wait_drained(js, c.namespace, durable_of(c))
+        checks = await verify(pool, truth)
         proc.stop()
         result = {
+            "events": work.distinct,
             "updates_per_s": round(w.rate(), 1),
             "seconds_first_to_last_update": round((w.last_t or 0) - (w.first_t or 0), 2),
             "consumer_cpu_us_per_update": round(w.cpu_us_per_update(), 1),
             "publish": pub,
             **checks,
         }
-        log(f"{name}: {result['updates_per_s']:,.0f} updates/s, exactly once: {checks['exactly_once']}")
+        log(f"{c.name}: {result['updates_per_s']:,.0f} updates/s, exactly once so far: {checks['exactly_once']}")
         return result
 
-    async def _crash(self, pool: asyncpg.Pool, js: Any, decisions: list[tuple[str, str]]) -> dict[str, Any]:
-        n = self.params["crash_events"]
-        work = make_workload("bench-crash", decisions, n, "crash", self.rng, CRASH_DUPLICATE_FRACTION)
-        before = (await consumer_state(js, FLYWHEEL_NS, DURABLE)).delivered
-        pub = await publish(js, Catalogue(FLYWHEEL_NS).feedback(work.endpoint), work.messages)
-        first = self.optimizer()
+    async def _latency(self, pool: asyncpg.Pool, js: Any, c: Contestant, decisions: list[Any]) -> dict[str, Any]:
+        p = self.params
+        endpoint = f"bench-latency-{c.name}"
+        subject = Catalogue(c.namespace).feedback(endpoint)
+        truth = make_workload(endpoint, decisions, WARMUP_EVENTS, f"{c.name}-warm", self.rng)
+        work = make_workload(endpoint, decisions, p["latency_events"], f"{c.name}-lat", self.rng)
+        proc = self.consumer(c)
+        proc.start()
+        await publish(js, subject, truth.messages)
+        await watch(pool, endpoint, truth.distinct, proc)  # up, consuming, and now idle
+        latencies = await paced_latency(pool, js, subject, work.messages, p["latency_rate"])
+        truth.add(work)
+        await wait_drained(js, c.namespace, durable_of(c))
+        checks = await verify(pool, truth)
+        proc.stop()
+        result = {"offered_per_s": p["latency_rate"], "ms": summary(latencies), **checks}
+        log(f"{c.name}: latency p50 {result['ms']['p50']} ms, p99 {result['ms']['p99']} ms at {p['latency_rate']}/s")
+        return result
+
+    async def _crash(
+        self, pool: asyncpg.Pool, js: Any, c: Contestant, decisions: list[tuple[str, str]]
+    ) -> dict[str, Any]:
+        endpoint = f"bench-crash-{c.name}"
+        work = make_workload(
+            endpoint, decisions, self.events(c, "crash"), f"{c.name}-crash", self.rng, CRASH_DUPLICATE_FRACTION
+        )
+        durable = durable_of(c)
+        before = (await consumer_state(js, c.namespace, durable)).delivered
+        pub = await publish(js, Catalogue(c.namespace).feedback(endpoint), work.messages)
+        first = self.consumer(c)
         first.start()
-        w = await watch(pool, work.endpoint, work.distinct // 3, first)
+        w = await watch(pool, endpoint, work.distinct // 3, first)
         first.kill()
         killed_at = time.monotonic()
-        at_kill = await totals(pool, work.endpoint)
-        unacked = (await consumer_state(js, FLYWHEEL_NS, DURABLE)).num_ack_pending
-        log(f"crash: SIGKILLed the optimizer at {at_kill:,}/{work.distinct:,} applied, {unacked} messages unacked")
-        second = self.optimizer()
+        at_kill = await totals(pool, endpoint)
+        unacked = (await consumer_state(js, c.namespace, durable)).num_ack_pending
+        log(f"crash {c.name}: SIGKILLed at {at_kill:,}/{work.distinct:,} applied, {unacked} messages unacked")
+        second = self.consumer(c)
         second.start()
-        w = await watch(pool, work.endpoint, work.distinct, second, w)
-        after = (await wait_drained(js, FLYWHEEL_NS, DURABLE)).delivered
+        w = await watch(pool, endpoint, work.distinct, second, w)
+        after = (await wait_drained(js, c.namespace, durable)).delivered
         # Deliveries beyond one per stored message: what the killed process held came back.
         redelivered = (after.consumer_seq - before.consumer_seq) - (after.stream_seq - before.stream_seq)
         checks = await verify(pool, work)
         second.stop()
-        log(f"crash: lost {checks['lost']}, double counted {checks['double_counted']}")
-        ack_wait_s = Catalogue(FLYWHEEL_NS).consumer(DURABLE).ack_wait.total_seconds()
+        log(f"crash {c.name}: lost {checks['lost']}, double counted {checks['double_counted']}")
+        ack_wait_s = Catalogue(c.namespace).consumer(DURABLE).ack_wait.total_seconds()
         since_kill = (w.last_t or killed_at) - killed_at
         return {
             "applied_when_killed": at_kill,
@@ -554,86 +776,96 @@ class Run:
         }
 
 
-def durable_of(kind: str) -> str:
-    return f"bench-{kind.replace('_', '-')}"
-
-
 # --- report ----------------------------------------------------------------------------------
 
 
-def machine(postgres_version: str) -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def versions(postgres_version: str) -> dict[str, Any]:
+    """The servers' versions (benchstamp adds the machine and the Python packages)."""
     try:
         nats_version = subprocess.run(
             [_find_binary("nats-server"), "--version"], capture_output=True, text=True, timeout=10, check=False
         ).stdout.strip()
     except (OSError, FileNotFoundError):
         nats_version = "unknown"
-    packages = {}
-    for pkg in ("nats-py", "asyncpg", "sqlalchemy", "faststream", "grpcio", "protobuf"):
-        try:
-            packages[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            packages[pkg] = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "nats_server": nats_version,
-        "postgresql": postgres_version,
-        "packages": packages,
-    }
+    return {"nats_server": nats_version, "postgresql": postgres_version}
+
+
+def ratios_of(f: dict[str, Any]) -> dict[str, Any]:
+    """Flywheel's rate over each peer's: per round (measured side by side in that round), and
+    their geometric mean; the headline is against the best batched peer."""
+    fly = f["throughput"]["flywheel"]["updates_per_s_rounds"]
+    per_round: dict[str, list[float]] = {}
+    out: dict[str, Any] = {}
+    for c in CONTESTANTS[1:]:
+        peer = f["throughput"][c.name]["updates_per_s_rounds"]
+        per_round[c.name] = [round(a / b, 3) for a, b in zip(fly, peer, strict=True)]
+        out[f"flywheel_vs_{c.name}"] = round(geomean(per_round[c.name]), 3)
+    best = min((c for c in CONTESTANTS[1:] if c.batched), key=lambda c: out[f"flywheel_vs_{c.name}"])
+    out["flywheel_vs_best_batched_peer"] = out[f"flywheel_vs_{best.name}"]
+    out["best_batched_peer"] = best.name
+    out["per_round"] = per_round
+    lat = f["latency"]
+    for c in CONTESTANTS[1:]:
+        for q in ("p50", "p99"):
+            out[f"latency_{q}_flywheel_over_{c.name}"] = round(lat["flywheel"]["ms"][q] / lat[c.name]["ms"][q], 3)
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
-    f, p = result["figures"], result["params"]
+    f, p, ratios = result["figures"], result["params"], result["ratios"]
     lines = [
-        f"feedback: {p['events']:,} events to Flywheel, {p['peer_events']:,} to each peer, "
-        f"{p['events_per_decision']} events per decision ({f['decisions']['made_by_select_batch']:,} decisions "
-        f"via SelectBatch in {f['decisions']['seconds']} s)",
+        f"feedback: {p['events']:,} events to each batched contestant, {p['peer_events']:,} to each per-message "
+        f"peer, in {p['rounds']} rounds; {p['events_per_decision']} events per decision "
+        f"({f['decisions']['made_by_select_batch']:,} decisions via SelectBatch in {f['decisions']['seconds']} s)",
         "",
-        f"{'consumer':<22}{'events':>8}{'dup msgs':>9}{'applied':>9}{'seconds':>9}{'updates/s':>11}"
-        f"{'CPU us/upd':>11}{'lost':>6}{'double':>7}  exactly once",
+        f"{'consumer':<18}{'tx per':>8}{'updates/s (rounds)':>24}{'median':>9}{'CPU us/upd':>11}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'lost':>6}{'double':>7}  exactly once",
     ]
-    rows = [(k, v) for k, v in f["throughput"].items()] + [("flywheel kill -9", f["crash"])]
-    for name, r in rows:
-        rate = f"{r['updates_per_s']:,.0f}" if "updates_per_s" in r else "-"
-        cpu = f"{r['consumer_cpu_us_per_update']:,.0f}" if "consumer_cpu_us_per_update" in r else "-"
-        secs = r.get("seconds_first_to_last_update", r.get("seconds_kill_to_last_update"))
+    for c in CONTESTANTS:
+        t, lat, crash = f["throughput"][c.name], f["latency"][c.name], f["crash"][c.name]
+        ok = t["exactly_once"] and lat["exactly_once"] and crash["exactly_once"]
+        lost = t["lost"] + lat["lost"] + crash["lost"]
+        double = t["double_counted"] + lat["double_counted"] + crash["double_counted"]
+        rounds = " / ".join(f"{x:,.0f}" for x in t["updates_per_s_rounds"])
         lines.append(
-            f"{name:<22}{r['distinct_events']:>8,}{r['duplicate_messages']:>9,}{r['applied_updates']:>9,}"
-            f"{secs:>9}{rate:>11}{cpu:>11}{r['lost']:>6}{r['double_counted']:>7}"
-            f"  {'yes' if r['exactly_once'] else 'NO'}"
+            f"{c.name:<18}{'batch' if c.batched else 'message':>8}{rounds:>24}{t['updates_per_s']:>9,.0f}"
+            f"{t['consumer_cpu_us_per_update']:>11,.0f}{lat['ms']['p50']:>8}{lat['ms']['p99']:>8}"
+            f"{lost:>6}{double:>7}"
+            f"  {'yes' if ok else 'NO'}"
         )
-    c = f["crash"]
+    idle = f["flywheel_idle"]
     lines += [
         "",
-        f"kill -9 at {c['applied_when_killed']:,}/{c['distinct_events']:,} applied with {c['unacked_when_killed']} "
-        f"messages unacked; {c['redelivered_messages']} redelivered"
-        + (
-            f" (all {c['redeliveries_dropped_by_dedup']} dropped by the dedup: every event was applied before"
-            " ack_wait let them come back)"
-            if c["redeliveries_dropped_by_dedup"]
-            else ""
-        )
-        + f"; last update {c['seconds_kill_to_last_update']} s "
-        f"after the kill (ack_wait {c['ack_wait_s']:.0f} s); expected reward sum {c['expected_reward_sum']}, "
-        f"in PostgreSQL {c['applied_reward_sum']}",
-        "",
-        f"{'ratio':<28}{'value':>8}{'goal':>8}  met",
+        f"flywheel idle (no feedback, no requests): {idle['cpu_percent_of_a_core']}% of a core with "
+        f"{idle['endpoints']} endpoints",
     ]
-    for name, value in result["ratios"].items():
-        goal = result["goals"][name]
-        lines.append(f"{name:<28}{value:>8.2f}{goal:>8.2f}  {'yes' if value >= goal else 'NO'}")
+    lines += [
+        "",
+        f"latency at {p['latency_rate']}/s offered, {p['latency_events']:,} events, polled every "
+        f"{LATENCY_POLL_S * 1e3:.0f} ms",
+        "",
+        "kill -9:",
+    ]
+    for c in CONTESTANTS:
+        k = f["crash"][c.name]
+        lines.append(
+            f"  {c.name:<18} at {k['applied_when_killed']:,}/{k['distinct_events']:,} applied, "
+            f"{k['unacked_when_killed']} unacked, {k['redelivered_messages']} redelivered, "
+            f"{k['duplicate_messages']} duplicate messages: lost {k['lost']}, double counted {k['double_counted']}"
+        )
+    lines += ["", f"{'ratio (geometric mean of rounds)':<40}{'value':>8}{'goal':>8}  met   rounds"]
+    for c in CONTESTANTS[1:]:
+        key = f"flywheel_vs_{c.name}"
+        goal = result["goals"].get(key)
+        met = "" if goal is None else ("yes" if ratios[key] >= goal else "NO")
+        lines.append(
+            f"{key:<40}{ratios[key]:>8.2f}{'' if goal is None else f'{goal:.2f}':>8}  {met:<5} "
+            + " / ".join(f"{x:.2f}" for x in ratios["per_round"][c.name])
+        )
+    lines.append(
+        f"{'flywheel_vs_best_batched_peer':<40}{ratios['flywheel_vs_best_batched_peer']:>8.2f}"
+        f"  ({ratios['best_batched_peer']})"
+    )
     lines.append(f"({f['seconds']} s)")
     return "\n".join(lines)
 
@@ -665,41 +897,56 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     f = run.figures
-    fly = f["throughput"]["flywheel"]["updates_per_s"]
-    ratios = {f"flywheel_vs_{k}": round(fly / f["throughput"][k]["updates_per_s"], 3) for k in PEERS}
-    f["lost"] = f["crash"]["lost"]
-    f["double_counted"] = f["crash"]["double_counted"]
+    ratios = ratios_of(f)
+    everything = [*f["throughput"].values(), *f["latency"].values(), *f["crash"].values()]
+    f["lost"] = sum(r["lost"] for r in everything)
+    f["double_counted"] = sum(r["double_counted"] for r in everything)
     f["goals_met"] = {
         **{k: bool(ratios[k] >= v) for k, v in GOALS.items()},
-        "crash_exactly_once": bool(f["crash"]["exactly_once"]),
-        "all_exactly_once": all(r["exactly_once"] for r in f["throughput"].values()),
+        "crash_exactly_once": all(r["exactly_once"] for r in f["crash"].values()),
+        "all_exactly_once": all(r["exactly_once"] for r in everything),
     }
     result = {
-        "name": "feedback",
-        "machine": machine(run.postgres_version),
+        "machine": versions(run.postgres_version),
         "params": {
             "quick": args.quick,
             "seed": args.seed,
             **params,
             "events_per_decision": EVENTS_PER_DECISION,
             "crash_duplicate_fraction": CRASH_DUPLICATE_FRACTION,
-            "flywheel": "python -m flywheel.optimizer",
+            "contestants": {
+                c.name: {
+                    "process": "python -m flywheel.optimizer"
+                    if c.name == "flywheel"
+                    else f"bench/feedback/peers.py {c.name}",
+                    "namespace": c.namespace,
+                    "transaction": "per batch" if c.batched else "per message",
+                    **(
+                        {"BENCH_BATCH": str(FLYWHEEL_BATCH), "fetch_timeout_s": "0.5"}
+                        if c.name == "flywheel"
+                        else c.env
+                    ),
+                }
+                for c in CONTESTANTS
+            },
             "publish_in_flight": PUBLISH_IN_FLIGHT,
             "poll_interval_s": POLL_S,
-            "peer_fetch_batch": 256,
-            "faststream_pool": 10,
+            "latency_poll_interval_s": LATENCY_POLL_S,
             "rate": "updates applied between the first and the last poll at which the count changed, over that time",
+            "latency": "from just before the publish to the first poll (by event id) that sees the ledger row",
         },
         "figures": f,
         "ratios": ratios,
         "goals": GOALS,
     }
-    print(render(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
-    print(json.dumps(result, separators=(",", ":")))
+    print(render({**result, "figures": f}))
+    write_results(
+        "feedback",
+        result,
+        out=args.out,
+        packages=("nats-py", "asyncpg", "sqlalchemy", "faststream", "grpcio", "protobuf"),
+        argv=argv if argv is None else [sys.argv[0], *argv],
+    )
     return 0
 
 

@@ -1,0 +1,94 @@
+"""Profile the consumers of bench/feedback: the throughput phase only, under cProfile.
+
+    python bench/feedback/profile.py [--events N] [--only flywheel,raw_natspy_batch] [--out DIR]
+
+Every Python process the run starts (the optimizer, the peers) runs under cProfile through a
+``sitecustomize`` put first on PYTHONPATH, and writes ``<pid>-<argv>.prof`` into ``--out``
+when it exits (the bench stops them with SIGTERM, so they exit normally). It prints the top
+functions by cumulative and by own time for each consumer. cProfile slows every process by
+a factor, so compare the shares of time, not the rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import run as bench
+
+SITECUSTOMIZE = """
+import os
+if os.environ.get("FB_PROFILE_DIR") and not os.environ.get("FB_PROFILE_SKIP"):
+    import atexit, cProfile, sys
+    _profile = cProfile.Profile()
+    _profile.enable()
+
+    def _dump():
+        _profile.disable()
+        name = "_".join(a.replace("/", "_") for a in sys.argv)[-60:]
+        _profile.dump_stats(os.path.join(os.environ["FB_PROFILE_DIR"], f"{os.getpid()}-{name}.prof"))
+
+    atexit.register(_dump)
+"""
+
+
+class ThroughputOnly(bench.Run):
+    async def _run(self, pool: Any, js: Any) -> None:
+        wanted = {
+            f"bench-throughput-{c.name}": bench.decisions_for(self.events(c, "throughput")) for c in bench.CONTESTANTS
+        }
+        optimizer = self.optimizer()
+        optimizer.start()
+        optimizer.wait_serving(60)
+        decisions = await bench.make_decisions(optimizer.address, pool, wanted)
+        optimizer.stop()
+        for c in bench.CONTESTANTS:
+            cat = bench.Catalogue(c.namespace)
+            await bench.ensure_stream(js, cat.streams[cat.consumer(bench.DURABLE).stream])
+        self.figures["throughput"] = await self._throughput(pool, js, decisions)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000, help="per contestant, one round")
+    parser.add_argument("--only", default="flywheel,raw_natspy_batch,faststream_batch")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "feedback-profiles")
+    args = parser.parse_args()
+    bench.CONTESTANTS = tuple(bench.BY_NAME[n] for n in args.only.split(","))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for old in args.out.glob("*.prof"):
+        old.unlink()
+    site = Path(tempfile.mkdtemp(prefix="feedback-sitecustomize-"))
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["FB_PROFILE_DIR"] = str(args.out)
+    params = {**bench.QUICK, "events": args.events, "peer_events": args.events, "rounds": 1}
+    root = Path(tempfile.mkdtemp(prefix="flywheel-bench-feedback-profile-"))
+    run = ThroughputOnly(root, params, seed=7)
+    try:
+        asyncio.run(run.main())
+    finally:
+        run.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(site, ignore_errors=True)
+    for name, row in run.figures["throughput"].items():
+        print(f"{name}: {row['updates_per_s']:,.0f} updates/s under cProfile, exactly once: {row['exactly_once']}")
+    for prof in sorted(args.out.glob("*.prof")):
+        if "optimizer___main__" not in prof.name and "peers.py" not in prof.name:
+            continue
+        print(f"\n=== {prof.name}")
+        stats = pstats.Stats(str(prof))
+        stats.sort_stats("cumulative").print_stats(35)
+        stats.sort_stats("tottime").print_stats(25)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
