@@ -169,8 +169,8 @@ def _met(result: dict[str, Any], goal: str, value: Any, target: float, direction
     found = figures.get("goals_met")
     if isinstance(found, dict) and goal in found:
         status = found[goal]
-    elif isinstance(figures.get("goal_met"), bool):  # one verdict for all the goals
-        status = figures["goal_met"]
+    elif isinstance(figures.get("goal_met"), bool):  # one verdict for all the goals together
+        return ("**met**" if figures["goal_met"] else "**missed**") + " (all goals together)"
     elif value is None or not direction or direction == "±":
         return "?"
     else:

@@ -56,8 +56,8 @@ ARMS: dict[str, dict[str, Any]] = {
 RATES = {"fast": 0.10, "balanced": 0.15, "careful": 0.20}
 FIT_ROWS = 2000
 # The gRPC server kind The Convergence serves Select fastest on (``--flavour``), measured with
-# both in alternating --quick runs (bench/select/README.md); run.py's headline row uses it.
-CONVERGENCE_SERVER = "aio"
+# both in --quick runs (bench/select/README.md); run.py's headline row uses it.
+CONVERGENCE_SERVER = "sync"
 
 
 def _struct(d: dict[str, Any]) -> Struct:
