@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
 from flywheel.core.retention import sweep_forever
-from flywheel.optimizer import retention
+from flywheel.optimizer import notify, retention
 from flywheel.optimizer.arm_lifecycle import ArmLifecycle
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
@@ -32,6 +33,7 @@ from flywheel.optimizer.runs.grpc_api import RunServicer
 from flywheel.optimizer.runs.proposals import ProposalHandler
 from flywheel.optimizer.runs.results import EvaluationResultHandler
 from flywheel.optimizer.runs.service import RunLimits
+from flywheel.optimizer.segment_cache import SegmentCache
 from flywheel.optimizer.selector import Selector, StickySessions
 from flywheel.optimizer.settings import OptimizerSettings
 
@@ -49,7 +51,22 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     objects = connect_objects(settings.s3, parts=parts)  # batch runs' result files
     window = timedelta(seconds=settings.feedback_window_s)
 
-    cache = PosteriorCache(database.sessions, refresh_interval_s=settings.refresh_interval_s)
+    # Posterior freshness (README): this replica's feedback is folded into its cache at once,
+    # other replicas' arrives by NOTIFY; the periodic refresh reconciles.
+    replica = uuid.uuid4().hex[:12]
+    notifying = settings.posterior_fold and settings.posterior_notify
+
+    async def announce(endpoint: str) -> None:
+        await notify.announce_reload(database.engine, replica=replica, endpoint=endpoint)
+
+    cache = PosteriorCache(
+        database.sessions,
+        refresh_interval_s=settings.refresh_interval_s,
+        rebuild_interval_s=settings.posterior_rebuild_interval_s,
+        replica=replica if notifying else "",
+        announce=announce if notifying else None,
+    )
+    folds = cache if settings.posterior_fold else None
     await cache.refresh()
     decisions = DecisionLog(
         database.engine,
@@ -58,13 +75,20 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         flush_interval_s=settings.decision_flush_interval_s,
         max_pending=settings.decision_log_max_pending,
     )
-    selector = Selector(cache, decisions, StickySessions(database.sessions))
+    # Segmented endpoints: per-segment snapshots, refreshed in the background (segment_cache.py).
+    segments = SegmentCache(
+        database.sessions,
+        cache,
+        refresh_interval_s=settings.refresh_interval_s,
+        max_segments=settings.max_cached_segments,
+    )
+    selector = Selector(cache, decisions, StickySessions(database.sessions), segments)
     lifecycle = ArmLifecycle(database.sessions, cache, interval_s=settings.lifecycle_interval_s)
 
     parts.servicers += [
         (
             sel_grpc.add_SelectionServiceServicer_to_server,
-            SelectionServicer(selector, database.sessions, decisions, cache, window),
+            SelectionServicer(selector, database.sessions, decisions, cache, window, fold=folds is not None),
             _service_name(sel_pb, "SelectionService"),
         ),
         (
@@ -100,7 +124,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             catalogue=bus.catalogue,
             spec=bus.catalogue.consumer("optimizer-feedback"),
             message_type=FeedbackEvent,
-            batch_handler=FeedbackHandler(database.sessions, window, decisions),
+            batch_handler=FeedbackHandler(database.sessions, window, decisions, folds),
             batch_size=1000,  # one transaction per 1000 events when there is a backlog
         )
     )
@@ -124,7 +148,12 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         ),
     ]
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
-    parts.background += [cache.run, decisions.run, lifecycle.run, driver.run]
+    parts.background += [cache.run, segments.run, decisions.run, lifecycle.run, driver.run]
+    if notifying:
+        listener = notify.IncrementListener(
+            database.engine, replica=replica, on_notice=cache.notice, on_connect=cache.refresh
+        )
+        parts.background.append(listener.run)
 
     async def retention_sweep() -> None:
         await sweep_forever(

@@ -1,47 +1,111 @@
-"""In-memory snapshots of every endpoint, refreshed from PostgreSQL on an interval.
+"""In-memory snapshots of every endpoint: read from PostgreSQL, kept fresh by folding feedback.
 
-Replicas share nothing but the database: each refreshes every ``refresh_interval_s``,
-so two replicas agree on an endpoint's posterior within about that lag. Admin changes
-made through this replica are visible to it at once (the snapshot is reloaded).
-Segment posteriors are loaded on first use and kept for one refresh interval.
+Select samples from the cached snapshot of its endpoint, which changes when
+
+- this replica commits feedback: right after the commit its increments are added to the
+  cached counts (``committed``, see ``fold.py``) and the snapshot's probabilities are rebuilt
+  in a worker thread, one rebuild per endpoint at a time and at most one per
+  ``rebuild_interval_s`` (or per rebuild's own duration, if longer): folds that arrive
+  meanwhile accumulate and share the next rebuild;
+- another replica commits feedback: its NOTIFY carries the increments (``notice``, see
+  ``notify.py``), folded the same way;
+- this replica makes an administrative change (``load``), or the periodic full refresh reads
+  everything (``refresh``, every ``refresh_interval_s``): the reconciliation. Every read
+  records its PostgreSQL snapshot and every fold its transaction id, so a fold the read could
+  see is not counted twice and one it could not see is added on top of the read again.
+
+Admin reads (``read``, ``read_all``) build a view for their caller from a fresh read and
+never replace what Select uses, so polling the API does not change how fresh selection is.
+Segment posteriors are cached by ``segment_cache.SegmentCache``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from prometheus_client import Counter
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.core.errors import NotFound
 from flywheel.core.logging import get_logger
-from flywheel.optimizer import snapshot, stats
+from flywheel.optimizer import fold, snapshot, stats
+from flywheel.optimizer.fold import Counts, EndpointFold, FoldBatch, Notice, PgSnapshot
 from flywheel.optimizer.models import ArmRow, EndpointRow
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
-from flywheel.optimizer.spec import LINEAR
+from flywheel.optimizer.spec import LINEAR, PolicyConfig
 
 log = get_logger(__name__)
+
+FOLDS = Counter(
+    "flywheel_optimizer_posterior_folds_total",
+    "Committed feedback transactions folded into a cached posterior without a reload, by source (own, peer)",
+    ["source"],
+)
+REBUILDS = Counter(
+    "flywheel_optimizer_posterior_rebuilds_total", "Snapshots rebuilt from folded feedback (one may cover many folds)"
+)
+# An endpoint with this many folds no read has seen yet (refreshes failing) is reloaded instead.
+MAX_PENDING_FOLDS = 10_000
+
+
+@dataclass
+class _Inputs:
+    """One endpoint as read from PostgreSQL."""
+
+    row: Any
+    arms: list[Any]
+    agg: Stats
+    now: datetime
+
+
+@dataclass
+class _Entry:
+    """Fold bookkeeping of one cached endpoint."""
+
+    seen: PgSnapshot  # what the read behind the installed snapshot could see
+    counts: Counts  # that read's counts plus every fold since: what the next rebuild uses
+    folds: dict[int, EndpointFold]  # by transaction id: committed, but not visible to that read
+    version: int = 0  # bumped by every change of ``counts``
+    built: int = 0  # the version the installed snapshot reflects
+    next_rebuild: float = 0.0  # monotonic time before which no rebuild starts
+    rebuilding: asyncio.Task[None] | None = None
+    waiters: list[tuple[int, asyncio.Future[bool]]] = field(default_factory=list)
 
 
 class PosteriorCache:
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], *, refresh_interval_s: float = 0.5, max_segments: int = 10_000
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        refresh_interval_s: float = 0.5,
+        rebuild_interval_s: float = 0.005,
+        replica: str = "",
+        announce: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._sessions = sessions
         self._interval = refresh_interval_s
+        self._rebuild_interval = rebuild_interval_s
+        # Put into this replica's notifications, so that it skips its own.
+        self.replica = replica
+        # Tells the other replicas to reload an endpoint (after an administrative change here).
+        self._announce = announce
         self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._entries: dict[str, _Entry] = {}
         # When each snapshot's read began (monotonic), and the reload in flight per endpoint:
         # lets concurrent callers that need a post-commit view share one reload (``fresh``).
         self._read_at: dict[str, float] = {}
         self._inflight: dict[str, tuple[float, asyncio.Future[EndpointSnapshot]]] = {}
-        self._segments: OrderedDict[tuple[str, str], tuple[float, Stats]] = OrderedDict()
-        self._max_segments = max_segments
+        self._reloading: dict[str, asyncio.Task[None]] = {}
         self._rng = np.random.default_rng()
+        self._rebuild_rng = np.random.default_rng()  # used by the rebuild threads
         # The last snapshot built for each endpoint, with what it was built from: a read that
         # finds the same inputs again reuses that snapshot. (Not whatever ``_snapshots`` holds:
         # a refresh that read before a concurrent load may have put an older one back there.)
@@ -59,18 +123,39 @@ class PosteriorCache:
         found = self._snapshots.get(name)
         return found if found is not None else await self.load(name)
 
+    # --- reads ---------------------------------------------------------------------------
+
     async def load(self, name: str) -> EndpointSnapshot:
-        """Reload one endpoint from the database now."""
+        """Reload one endpoint from the database now (after a write: Select sees it at once)."""
         started = time.monotonic()
-        async with self._sessions() as session:
-            row = await session.get(EndpointRow, name)
-            if row is None:
-                self._snapshots.pop(name, None)
-                raise NotFound(f"endpoint {name!r} does not exist")
-            built = await self._build(session, [row])
-        self._snapshots[name] = built[name]
-        self._read_at[name] = max(started, self._read_at.get(name, 0.0))
-        return built[name]
+        try:
+            inputs, seen = await self._read(name)
+        except NotFound:
+            self._drop(name)
+            raise
+        self._install(inputs[0], seen, started)
+        return self._snapshots[name]
+
+    async def changed(self, name: str) -> EndpointSnapshot:
+        """After an administrative change made here: reload it, and ask the other replicas to."""
+        snap = await self.load(name)
+        if self._announce is not None:
+            try:
+                await self._announce(name)
+            except Exception as exc:  # noqa: BLE001 - they reload at their next refresh anyway
+                log.warning("could not announce an endpoint change", endpoint=name, error=repr(exc))
+        return snap
+
+    async def read(self, name: str) -> EndpointSnapshot:
+        """A view of one endpoint freshly read for an admin caller; what Select uses is left
+        as it is (NotFound if the endpoint does not exist)."""
+        inputs, _ = await self._read(name)
+        return self._base_snapshot(inputs[0])
+
+    async def read_all(self) -> list[EndpointSnapshot]:
+        """``read`` for every endpoint, by name, in one pass."""
+        inputs, _ = await self._read(None)
+        return [self._base_snapshot(i) for i in sorted(inputs, key=lambda i: i.row.name)]
 
     async def fresh(self, name: str, *, since: float) -> EndpointSnapshot:
         """A snapshot whose read began at or after ``since`` (``time.monotonic()``), so it sees
@@ -94,14 +179,17 @@ class PosteriorCache:
             done.exception()  # retrieved here so a failed shared reload is not reported as unhandled
 
     async def refresh(self) -> None:
-        """Reload every endpoint in one pass (three queries)."""
+        """Reload every endpoint in one pass (four queries): the reconciliation."""
         started = time.monotonic()
-        async with self._sessions() as session:
-            rows = list((await session.scalars(select(EndpointRow))).all())
-            built = await self._build(session, rows)
-        self._snapshots = built
-        self._read_at = dict.fromkeys(built, started)
-        self._built = {name: last for name, last in self._built.items() if name in built}
+        inputs, seen = await self._read(None)
+        names = {i.row.name for i in inputs}
+        for name in [n for n in self._snapshots if n not in names]:
+            entry = self._entries.get(name)
+            if entry is None or not seen.precedes(entry.seen):  # not loaded after this read began
+                self._drop(name)
+        for i in inputs:
+            self._install(i, seen, started)
+        self._built = {name: last for name, last in self._built.items() if name in names}
 
     async def run(self) -> None:
         """Refresh forever (a background task of the service)."""
@@ -112,34 +200,30 @@ class PosteriorCache:
                 log.warning("posterior refresh failed", error=repr(exc))
             await asyncio.sleep(self._interval)
 
-    async def segment_stats(self, snap: EndpointSnapshot, segment: str) -> Stats:
-        """A segment's statistics with the endpoint's borrowed as its prior."""
-        key = (snap.name, segment)
-        hit = self._segments.get(key)
-        if hit is not None and time.monotonic() - hit[0] < self._interval:
-            self._segments.move_to_end(key)
-            own = hit[1]
-        else:
-            async with self._sessions() as session:
-                rows, now = await stats.load_rows(session, endpoint=snap.name, segment=segment)
-            own = stats.aggregate(snap.policy, snap.arm_ids, rows, now)
-            self._segments[key] = (time.monotonic(), own)
-            if len(self._segments) > self._max_segments:
-                self._segments.popitem(last=False)
-        return own.with_borrowed(snap.stats, snap.policy.segment_prior_strength)
-
-    async def _build(self, session: AsyncSession, rows: list[EndpointRow]) -> dict[str, EndpointSnapshot]:
-        names = [r.name for r in rows]
-        arms = (
-            (
-                await session.scalars(
-                    select(ArmRow).where(ArmRow.endpoint.in_(names)).order_by(ArmRow.endpoint, ArmRow.position)
-                )
-            ).all()
-            if names
-            else []
-        )
-        stat_rows, now = await stats.load_rows(session, endpoint=names[0] if len(names) == 1 else None)
+    async def _read(self, name: str | None) -> tuple[list[_Inputs], PgSnapshot]:
+        """One endpoint (or all) as of one PostgreSQL snapshot, which is returned too."""
+        async with self._sessions() as session:
+            # One snapshot for every statement, so the read is exactly the transactions it sees.
+            await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            seen = PgSnapshot.parse((await session.execute(text("SELECT pg_current_snapshot()::text"))).scalar_one())
+            if name is None:
+                rows = list((await session.scalars(select(EndpointRow))).all())
+            else:
+                row = await session.get(EndpointRow, name)
+                if row is None:
+                    raise NotFound(f"endpoint {name!r} does not exist")
+                rows = [row]
+            names = [r.name for r in rows]
+            arms = (
+                (
+                    await session.scalars(
+                        select(ArmRow).where(ArmRow.endpoint.in_(names)).order_by(ArmRow.endpoint, ArmRow.position)
+                    )
+                ).all()
+                if names
+                else []
+            )
+            stat_rows, now = await stats.load_rows(session, endpoint=names[0] if len(names) == 1 else None)
         by_endpoint: dict[str, list[ArmRow]] = {n: [] for n in names}
         for arm in arms:
             by_endpoint[arm.endpoint].append(arm)
@@ -147,22 +231,179 @@ class PosteriorCache:
         for st in stat_rows:
             if st.endpoint in rows_by_endpoint:
                 rows_by_endpoint[st.endpoint].append(st)
-        out = {}
+        out = []
         for row in rows:
+            policy = _policy(row)
+            d = len(policy.context_features) if policy.kind == LINEAR else 0
             ep_arms = by_endpoint[row.name]
-            snap_policy = snapshot.PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
-            d = len(snap_policy.context_features) if snap_policy.kind == LINEAR else 0
-            agg = stats.aggregate(snap_policy, [a.arm_id for a in ep_arms], rows_by_endpoint[row.name], now, d)
-            inputs = snapshot_inputs(row, ep_arms, agg)
-            last = self._built.get(row.name)
-            if last is not None and last[0] == inputs:
-                # Nothing changed since it was built (an idle endpoint): keep it rather than draw
-                # its posteriors again, the bulk of a refresh's CPU when endpoints are many.
-                out[row.name] = last[1]
+            agg = stats.aggregate(policy, [a.arm_id for a in ep_arms], rows_by_endpoint[row.name], now, d)
+            out.append(_Inputs(row, ep_arms, agg, now))
+        return out, seen
+
+    def _base_snapshot(self, inp: _Inputs) -> EndpointSnapshot:
+        """The snapshot of exactly what was read (reused when the same inputs were built before)."""
+        inputs = snapshot_inputs(inp.row, inp.arms, inp.agg)
+        last = self._built.get(inp.row.name)
+        if last is not None and last[0] == inputs:
+            # Nothing changed since it was built (an idle endpoint): keep it rather than draw
+            # its posteriors again, the bulk of a refresh's CPU when endpoints are many.
+            return last[1]
+        built = snapshot.build(row=inp.row, arms=inp.arms, stats=inp.agg, now=inp.now, rng=self._rng)
+        self._built[inp.row.name] = (inputs, built)
+        return built
+
+    def _install(self, inp: _Inputs, seen: PgSnapshot, started: float) -> None:
+        """Make a read what Select uses, with the folds it could not see added on top."""
+        name = inp.row.name
+        entry = self._entries.get(name)
+        if entry is not None and seen.precedes(entry.seen) and name in self._snapshots:
+            return  # a newer read is installed already (a load finished before this refresh)
+        pending = [] if entry is None else [f for f in entry.folds.values() if not seen.visible(f.xid)]
+        base = Counts(
+            inp.agg,
+            np.array([a.pulls for a in inp.arms], dtype=float),
+            np.array([a.reward_sum for a in inp.arms], dtype=float),
+            fold.epoch(inp.now),
+        )
+        counts, kept = base, []
+        if pending:
+            policy = _policy(inp.row)
+            index = {a.arm_id: i for i, a in enumerate(inp.arms)}
+            for f in sorted(pending, key=lambda f: f.at):
+                if all(a in index for a in f.arms):  # else: an arm this read does not know yet
+                    counts = fold.add(policy, counts, index, f.at, f.arms)
+                    kept.append(f)
+        if kept:
+            snap = snapshot.build(
+                row=inp.row,
+                arms=inp.arms,
+                stats=counts.stats,
+                now=fold.from_epoch(counts.as_of),
+                rng=self._rng,
+                pulls=counts.pulls,
+                reward_sums=counts.reward_sums,
+            )
+        else:
+            snap = self._base_snapshot(inp)
+        if entry is None:
+            entry = self._entries[name] = _Entry(seen=seen, counts=counts, folds={})
+        entry.seen, entry.counts, entry.folds = seen, counts, {f.xid: f for f in kept}
+        entry.version += 1
+        entry.built = entry.version
+        self._snapshots[name] = snap
+        self._read_at[name] = max(started, self._read_at.get(name, 0.0))
+        self._release(entry)
+
+    def _drop(self, name: str) -> None:
+        self._snapshots.pop(name, None)
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            self._release(entry, ok=False)
+
+    # --- folds ---------------------------------------------------------------------------
+
+    def committed(self, batch: FoldBatch) -> None:
+        """This replica's feedback transaction committed: fold its increments in now."""
+        for name, f in batch.folds().items():
+            self._fold(name, f, "own")
+
+    def notice(self, notice: Notice) -> None:
+        """Another replica's notification: fold its increments, or reload the endpoint."""
+        if notice.fold is None:
+            self._reload_soon(notice.endpoint)
+        else:
+            self._fold(notice.endpoint, notice.fold, "peer")
+
+    async def caught_up(self, name: str) -> EndpointSnapshot | None:
+        """The cached snapshot once it reflects every fold received so far (None when the
+        endpoint is not cached or its rebuild failed: read it instead)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        if entry.built < entry.version:
+            waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            entry.waiters.append((entry.version, waiter))
+            if not await asyncio.shield(waiter):
+                return None
+        return self._snapshots.get(name)
+
+    def _fold(self, name: str, f: EndpointFold, source: str) -> None:
+        entry, snap = self._entries.get(name), self._snapshots.get(name)
+        if entry is None or snap is None:
+            return  # not cached here: its first read will have it
+        if f.xid in entry.folds or entry.seen.visible(f.xid):
+            return  # folded already, or in the read
+        index = {a: i for i, a in enumerate(snap.arm_ids)}
+        if any(a not in index for a in f.arms) or len(entry.folds) >= MAX_PENDING_FOLDS:
+            self._reload_soon(name)  # an arm added since the read, or reads failing for long
+            return
+        entry.folds[f.xid] = f
+        entry.counts = fold.add(snap.policy, entry.counts, index, f.at, f.arms)
+        entry.version += 1
+        FOLDS.labels(source).inc()
+        if entry.rebuilding is None:
+            entry.rebuilding = asyncio.get_running_loop().create_task(self._rebuild(name, entry))
+
+    async def _rebuild(self, name: str, entry: _Entry) -> None:
+        """Rebuild the endpoint's snapshot until it reflects every fold, one rebuild at a time."""
+        try:
+            while self._entries.get(name) is entry and entry.built < entry.version:
+                wait = entry.next_rebuild - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)  # later folds accumulate meanwhile
+                    continue  # a refresh may have covered them
+                version, counts, base = entry.version, entry.counts, self._snapshots[name]
+                started = time.monotonic()
+                snap = await asyncio.to_thread(self._rebuilt, base, counts)
+                took = time.monotonic() - started
+                entry.next_rebuild = time.monotonic() + max(self._rebuild_interval, took)
+                if self._entries.get(name) is entry and version > entry.built:
+                    self._snapshots[name] = snap
+                    entry.built = version
+                    REBUILDS.inc()
+                    self._release(entry)
+        except Exception as exc:  # noqa: BLE001 - the next refresh rebuilds it; waiters read instead
+            log.warning("posterior rebuild failed", endpoint=name, error=repr(exc))
+            self._release(entry, ok=False)
+        finally:
+            entry.rebuilding = None
+
+    def _rebuilt(self, base: EndpointSnapshot, counts: Counts) -> EndpointSnapshot:
+        snap = snapshot.rebuild(
+            base,
+            stats=counts.stats,
+            pulls=counts.pulls,
+            reward_sums=counts.reward_sums,
+            now=fold.from_epoch(counts.as_of),
+            rng=self._rebuild_rng,
+        )
+        _ = snap.cdf  # computed here, not by the first Select
+        return snap
+
+    def _release(self, entry: _Entry, *, ok: bool = True) -> None:
+        waiting = []
+        for version, waiter in entry.waiters:
+            if waiter.done():
+                continue
+            if not ok or version <= entry.built:
+                waiter.set_result(ok)
             else:
-                out[row.name] = snapshot.build(row=row, arms=ep_arms, stats=agg, now=now, rng=self._rng)
-                self._built[row.name] = (inputs, out[row.name])
-        return out
+                waiting.append((version, waiter))
+        entry.waiters = waiting
+
+    def _reload_soon(self, name: str) -> None:
+        if name not in self._reloading:
+            self._reloading[name] = asyncio.get_running_loop().create_task(self._reload(name))
+
+    async def _reload(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except NotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the next refresh reads it
+            log.warning("endpoint reload failed", endpoint=name, error=repr(exc))
+        finally:
+            self._reloading.pop(name, None)
 
 
 def snapshot_inputs(row: Any, arms: list[Any], agg: Stats) -> tuple[Any, ...]:
@@ -179,3 +420,7 @@ def snapshot_inputs(row: Any, arms: list[Any], agg: Stats) -> tuple[Any, ...]:
         tuple((a.arm_id, a.status, a.traffic_cap, a.pulls, a.reward_sum, a.params) for a in arms),
         tuple(None if x is None else (x.shape, x.tobytes()) for x in arrays),
     )
+
+
+def _policy(row: Any) -> PolicyConfig:
+    return PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})

@@ -31,9 +31,17 @@ BATCHED = Counter("flywheel_optimizer_feedback_batched_updates_total", "gRPC Upd
 class FeedbackBatcher:
     """Applies feedback items in group-committed batches of at most ``max_batch``."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], window: timedelta, *, max_batch: int = 500) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        window: timedelta,
+        *,
+        max_batch: int = 500,
+        folds: service.FoldSink | None = None,
+    ) -> None:
         self._sessions = sessions
         self._window = window
+        self._folds = folds  # the posterior cache, told of each batch's increments after its commit
         self._max_batch = max_batch
         self._waiting: list[tuple[FeedbackItem, asyncio.Future[Applied]]] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -59,7 +67,7 @@ class FeedbackBatcher:
                 try:
                     async with self._sessions() as session:
                         outcomes = await service.apply_feedback_batch(
-                            session, items=[item for item, _ in batch], window=self._window
+                            session, items=[item for item, _ in batch], window=self._window, folds=self._folds
                         )
                 except Exception as exc:  # noqa: BLE001 - PostgreSQL away: each caller gets the error
                     _settle(batch, [exc] * len(batch))

@@ -98,11 +98,15 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         log: DecisionLog,
         cache: PosteriorCache,
         feedback_window: timedelta,
+        *,
+        fold: bool = True,
     ) -> None:
         self._selector = selector
         self._log = log
         self._cache = cache
-        self._feedback = FeedbackBatcher(sessions, feedback_window)
+        # Each batch's increments are folded into the cache right after its commit.
+        self._fold = fold
+        self._feedback = FeedbackBatcher(sessions, feedback_window, folds=cache if fold else None)
         self._loop = asyncio.get_running_loop()
 
     def _select_sync(self, args: dict[str, Any]) -> Decision:
@@ -142,8 +146,12 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         except Unavailable:
             await self._log.flush()  # the decision may still be in this replica's buffer
             outcome, committed = await self._feedback.apply(item)
-        # Every caller of one batch has the same commit time, so they share one reload.
-        snap = await self._cache.fresh(outcome.endpoint, since=committed)
+        # The cached snapshot once the batch's fold is built into it: the stats reported are
+        # those the next Select samples from. (Not cached here, or its rebuild failed: every
+        # caller of one batch has the same commit time, so they share one reload.)
+        snap = (await self._cache.caught_up(outcome.endpoint) if self._fold else None) or await self._cache.fresh(
+            outcome.endpoint, since=committed
+        )
         return sel_pb.UpdateResponse(applied=outcome.applied, stats=arm_stats(snap, snap.arm_ids.index(outcome.arm_id)))
 
 
@@ -157,27 +165,28 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
     ) -> admin_pb.CreateEndpointResponse:
         async with self._sessions() as session:
             await service.create_endpoint(session, spec=endpoint_spec(request.endpoint))
-        return admin_pb.CreateEndpointResponse(endpoint=endpoint_message(await self._cache.load(request.endpoint.name)))
+        snap = await self._cache.changed(request.endpoint.name)
+        return admin_pb.CreateEndpointResponse(endpoint=endpoint_message(snap))
 
     async def GetEndpoint(
         self, request: admin_pb.GetEndpointRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.GetEndpointResponse:
-        snap = await self._cache.load(_name(request.name, "name"))
+        # A fresh read for the caller: what Select samples from is left as it is.
+        snap = await self._cache.read(_name(request.name, "name"))
         return admin_pb.GetEndpointResponse(endpoint=endpoint_message(snap))
 
     async def ListEndpoints(
         self, request: admin_pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListEndpointsResponse:
-        async with self._sessions() as session:
-            names = await service.endpoint_names(session)
-        return admin_pb.ListEndpointsResponse(endpoints=[endpoint_message(await self._cache.load(n)) for n in names])
+        snaps = await self._cache.read_all()  # a fresh read; Select's snapshots are left as they are
+        return admin_pb.ListEndpointsResponse(endpoints=[endpoint_message(s) for s in snaps])
 
     async def UpdateEndpoint(
         self, request: admin_pb.UpdateEndpointRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.UpdateEndpointResponse:
         async with self._sessions() as session:
             await service.update_endpoint(session, spec=endpoint_spec(request.endpoint))
-        snap = await self._cache.load(request.endpoint.name)
+        snap = await self._cache.changed(request.endpoint.name)
         return admin_pb.UpdateEndpointResponse(endpoint=endpoint_message(snap))
 
     async def AddArm(
@@ -186,7 +195,7 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
         async with self._sessions() as session:
             arm = arm_spec(request.arm, "arm")
             await service.add_arm(session, endpoint=_name(request.endpoint, "endpoint"), arm=arm)
-        return admin_pb.AddArmResponse(endpoint=endpoint_message(await self._cache.load(request.endpoint)))
+        return admin_pb.AddArmResponse(endpoint=endpoint_message(await self._cache.changed(request.endpoint)))
 
     async def RetireArm(
         self, request: admin_pb.RetireArmRequest, context: grpc.aio.ServicerContext
@@ -196,7 +205,7 @@ class EndpointAdminServicer(admin_grpc.EndpointAdminServiceServicer):
         async with self._sessions() as session:
             await service.set_arm_status(session, endpoint=request.endpoint, arm_id=request.arm_id, status=RETIRED)
             await session.commit()
-        return admin_pb.RetireArmResponse(endpoint=endpoint_message(await self._cache.load(request.endpoint)))
+        return admin_pb.RetireArmResponse(endpoint=endpoint_message(await self._cache.changed(request.endpoint)))
 
 
 _ESTIMATORS = {"ips": ope_pb.ESTIMATOR_IPS, "snips": ope_pb.ESTIMATOR_SNIPS, "dr": ope_pb.ESTIMATOR_DOUBLY_ROBUST}
@@ -224,7 +233,7 @@ class OffPolicyServicer(ope_grpc.OffPolicyServiceServicer):
             distribution=dict(request.candidate.distribution.probabilities) if which == "distribution" else None,
             current_posterior=which == "current_posterior" and request.candidate.current_posterior,
         )
-        snap = await self._cache.load(request.endpoint)
+        snap = await self._cache.read(request.endpoint)  # a fresh read; Select's snapshot is left as it is
         async with self._sessions() as session:
             result = await ope_service.estimate(
                 session,

@@ -19,6 +19,7 @@ from flywheel.optimizer.service import (
     EVENT_ID_CHARS,
     FeedbackItem,
     FeedbackOutcome,
+    FoldSink,
     NotLoggedYet,
 )
 
@@ -53,11 +54,17 @@ class FeedbackHandler:
     its feedback wait for a redelivery (counted, logged at debug level)."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], window: timedelta, decisions: DecisionLog | None = None
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        window: timedelta,
+        decisions: DecisionLog | None = None,
+        folds: FoldSink | None = None,
     ) -> None:
         self._sessions = sessions
         self._window = window
         self._decisions = decisions
+        # The posterior cache: applied feedback is folded into it right after each commit.
+        self._folds = folds
 
     async def __call__(self, batch: list[tuple[FeedbackEvent, Delivery]]) -> list[BaseException | None]:
         results: list[BaseException | None] = [None] * len(batch)
@@ -86,7 +93,7 @@ class FeedbackHandler:
     async def _apply(self, items: list[FeedbackItem]) -> list[FeedbackOutcome | Exception]:
         async with self._sessions() as session:
             outcomes: list[FeedbackOutcome | Exception] = list(
-                await service.apply_feedback_batch(session, items=items, window=self._window)
+                await service.apply_feedback_batch(session, items=items, window=self._window, folds=self._folds)
             )
         early = [i for i, o in enumerate(outcomes) if isinstance(o, NotLoggedYet)]
         if early and self._decisions is not None:
@@ -95,7 +102,9 @@ class FeedbackHandler:
             await self._decisions.flush()
             async with self._sessions() as session:
                 retried = [items[i] for i in early]
-                again = await service.apply_feedback_batch(session, items=retried, window=self._window)
+                again = await service.apply_feedback_batch(
+                    session, items=retried, window=self._window, folds=self._folds
+                )
             for i, o in zip(early, again, strict=True):
                 outcomes[i] = o
         return outcomes

@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from sqlalchemy import Float, String, any_, bindparam, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -24,9 +25,11 @@ from flywheel.core.errors import (
     ServiceError,
     Unavailable,
 )
+from flywheel.core.logging import get_logger
 from flywheel.core.validation import check_numbers, check_string
-from flywheel.optimizer import stats
+from flywheel.optimizer import notify, stats
 from flywheel.optimizer.decisions import decision_age_s
+from flywheel.optimizer.fold import FoldBatch
 from flywheel.optimizer.models import ArmRow, DecisionRow, EndpointRow
 from flywheel.optimizer.rewards import combine_reward
 from flywheel.optimizer.spec import (
@@ -42,6 +45,8 @@ from flywheel.optimizer.spec import (
     check_policy,
     validate_endpoint,
 )
+
+log = get_logger(__name__)
 
 # Feedback for a decision younger than this that is not in the log yet is retried, not
 # rejected: the deciding replica may not have flushed it.
@@ -245,7 +250,7 @@ def _missing_decision(decision_id: str) -> ServiceError:
 
 
 async def apply_feedback_batch(
-    session: AsyncSession, *, items: list[FeedbackItem], window: timedelta
+    session: AsyncSession, *, items: list[FeedbackItem], window: timedelta, folds: FoldSink | None = None
 ) -> list[FeedbackOutcome | ServiceError]:
     """Apply feedback events to their arms' posteriors, each at most once per event id,
     in one transaction with a handful of statements whatever the batch size.
@@ -253,6 +258,10 @@ async def apply_feedback_batch(
     The dedup rows and the statistics increments commit together, and every counter
     changes by ``x = x + r`` in SQL, so concurrent replicas never lose an update. An
     event's error (invalid, unknown, expired, not logged yet) is returned in its place.
+
+    With ``folds`` (the posterior cache), the transaction also notifies the other replicas of
+    its increments (``notify.announce``, delivered only if it commits) and, right after the
+    commit, hands them to ``folds.committed`` so this replica's next Select already uses them.
     """
     outcomes: list[FeedbackOutcome | ServiceError | None] = [None] * len(items)
     for i, item in enumerate(items):
@@ -341,6 +350,35 @@ async def apply_feedback_batch(
             .where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id)
             .values(pulls=ArmRow.pulls + int(inc.w), reward_sum=ArmRow.reward_sum + inc.s)
         )
+    batch = await _announce(session, folds, increments) if folds is not None and increments else None
     await session.commit()
+    if batch is not None and folds is not None:
+        try:
+            folds.committed(batch)
+        except Exception as exc:  # noqa: BLE001 - committed already; the next refresh reads it
+            log.warning("could not fold committed feedback", error=repr(exc))
     assert all(o is not None for o in outcomes)
     return outcomes  # type: ignore[return-value]
+
+
+class FoldSink(Protocol):
+    """Who learns of committed increments at once (``cache.PosteriorCache``)."""
+
+    # This replica's id in its notifications to the others ("" sends none).
+    replica: str
+
+    def committed(self, batch: FoldBatch) -> None: ...
+
+
+async def _announce(
+    session: AsyncSession, folds: FoldSink, increments: dict[tuple[str, str, str], stats.Increment]
+) -> FoldBatch:
+    endpoint_wide: dict[str, dict[str, stats.Increment]] = defaultdict(dict)
+    segments = {}
+    for (endpoint, arm_id, segment), inc in increments.items():
+        if segment:
+            segments[(endpoint, arm_id, segment)] = inc
+        else:
+            endpoint_wide[endpoint][arm_id] = inc
+    xid, at = await notify.announce(session, replica=folds.replica or None, endpoints=endpoint_wide)
+    return FoldBatch(xid=xid, at=at, endpoints=dict(endpoint_wide), segments=segments)

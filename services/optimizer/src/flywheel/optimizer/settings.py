@@ -22,8 +22,22 @@ class OptimizerSettings(ServiceSettings):
     s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]
     # Feedback later than this after its decision is dead-lettered as expired.
     feedback_window_s: float = Field(7 * 24 * 3600, gt=0)
-    # How often each replica reloads posteriors: the bound on how far replicas disagree.
+    # How often each replica reloads every posterior in full: the reconciliation behind the
+    # folds below (it expires window buckets, decays idle endpoints, and bounds how long a lost
+    # notification or an endpoint changed on another replica goes unseen).
     refresh_interval_s: float = Field(0.5, gt=0, le=60)
+    # Segment snapshots kept per replica (segment_key endpoints), least recently used evicted
+    # first; an evicted segment's next Select loads it again (one query).
+    max_cached_segments: int = Field(10_000, ge=1)
+    # Fold the feedback this replica commits into its cached posteriors right after the commit
+    # (README "Posterior freshness"); off, only reads (refresh, reload) change them.
+    posterior_fold: bool = True
+    # Tell the other replicas each feedback transaction's increments with PostgreSQL NOTIFY, and
+    # fold theirs (needs posterior_fold); off, they see each other's feedback at a refresh.
+    posterior_notify: bool = True
+    # A snapshot rebuilt from folds waits at least this long (or as long as its last rebuild
+    # took) after the previous one; folds arriving meanwhile share the next rebuild.
+    posterior_rebuild_interval_s: float = Field(0.005, ge=0, le=1)
     # How often buffered decisions are written and published.
     decision_flush_interval_s: float = Field(0.02, gt=0, le=5)
     # Decisions made but not yet written (PostgreSQL or NATS slow or away): past this many,

@@ -4,6 +4,7 @@ single weighted draw and the logged propensity is exactly the sampling probabili
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -13,7 +14,7 @@ import numpy as np
 from google.protobuf.struct_pb2 import Struct
 
 from flywheel.optimizer import posterior
-from flywheel.optimizer.policies import ids, incumbent, selection
+from flywheel.optimizer.policies import canary, ids, incumbent, selection
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.spec import ACTIVE, CANARY, IDS, LINEAR, RETIRED, PolicyConfig
 
@@ -72,7 +73,22 @@ class EndpointSnapshot:
         self, stats: Stats, rng: np.random.Generator, x: np.ndarray | None = None, m: int = PROPENSITY_DRAWS
     ) -> np.ndarray:
         """Selection probabilities over all arms for these statistics (retired arms 0)."""
-        return selection_probabilities(self.policy, stats, self.live, self.caps_of_live(), rng, x=x, m=m)
+        trial = trial_share_vector(self.policy, self.statuses, self.caps, self.pulls)
+        return selection_probabilities(self.policy, stats, self.live, self.caps_of_live(), rng, x=x, m=m, trial=trial)
+
+
+def trial_share_vector(policy: PolicyConfig, statuses: list[str], caps: np.ndarray, pulls: np.ndarray) -> np.ndarray:
+    """Per arm, the fixed share of a canary on trial (fewer than ``canary_min_pulls`` pulls):
+    its traffic cap, at most an equal split between live arms; 0 for every other arm."""
+    n_live = sum(s != RETIRED for s in statuses)
+    if n_live == 0:
+        return np.zeros(len(statuses))
+    return np.array(
+        [
+            min(float(c), 1.0 / n_live) if s == CANARY and n < policy.canary_min_pulls else 0.0
+            for s, c, n in zip(statuses, caps, pulls, strict=True)
+        ]
+    )
 
 
 def selection_probabilities(
@@ -84,8 +100,28 @@ def selection_probabilities(
     *,
     x: np.ndarray | None = None,
     m: int = PROPENSITY_DRAWS,
+    trial: np.ndarray | None = None,
 ) -> np.ndarray:
+    return _probabilities(policy, stats, live, caps, rng, x=x, m=m, trial=trial)[0]
+
+
+def _probabilities(
+    policy: PolicyConfig,
+    stats: Stats,
+    live: np.ndarray,
+    caps: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    x: np.ndarray | None = None,
+    m: int = PROPENSITY_DRAWS,
+    trial: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(selection probabilities, probability each arm is best) over all arms, from one set of
+    joint draws (retired arms 0 in both)."""
     idx = np.flatnonzero(live)
+    out, best = np.zeros(len(live)), np.zeros(len(live))
+    if not len(idx):
+        return out, best
     live_stats = Stats(
         stats.w[idx],
         stats.s[idx],
@@ -96,34 +132,111 @@ def selection_probabilities(
     draws = posterior.draws(policy, live_stats, rng, m, x=x)
     # Thompson: capped mass goes to the arm that would win without the capped one, not pro rata.
     allocate = ids.ids_probabilities if policy.allocation == IDS else selection.thompson_probabilities
-    p_live = allocate(draws, floor=policy.exploration_floor, caps=caps[idx])
-    out = np.zeros(len(live))
-    out[idx] = p_live
-    return out
+    out[idx] = allocate(draws, floor=policy.exploration_floor, caps=caps[idx])
+    best[idx] = selection.action_probabilities(draws)
+    if trial is not None and np.any(trial > 0):
+        out = canary.trial_shares(out, trial > 0, trial)
+    return out, best
 
 
-def build(*, row: Any, arms: list[Any], stats: Stats, now: datetime, rng: np.random.Generator) -> EndpointSnapshot:
-    """Compute everything Select and GetEndpoint need from the stored rows."""
+def build(
+    *,
+    row: Any,
+    arms: list[Any],
+    stats: Stats,
+    now: datetime,
+    rng: np.random.Generator,
+    pulls: np.ndarray | None = None,
+    reward_sums: np.ndarray | None = None,
+) -> EndpointSnapshot:
+    """Compute everything Select and GetEndpoint need from the stored rows (``pulls`` and
+    ``reward_sums`` override the arms' own, for a snapshot with folded feedback)."""
     policy = PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
     arm_ids = [a.arm_id for a in arms]
     statuses = [a.status for a in arms]
-    live = np.array([s != RETIRED for s in statuses])
     caps = np.array([a.traffic_cap if a.status == CANARY else 1.0 for a in arms])
-    pulls = np.array([a.pulls for a in arms], dtype=float)
+    return EndpointSnapshot(
+        name=row.name,
+        description=row.description,
+        policy=policy,
+        reward_spec=row.reward_spec,
+        arm_ids=arm_ids,
+        params=[a.params for a in arms],
+        statuses=statuses,
+        caps=caps,
+        stored_incumbent=row.incumbent_arm_id,
+        created_at=row.created_at,
+        **_posterior_fields(
+            policy,
+            arm_ids,
+            statuses,
+            caps,
+            row.incumbent_arm_id,
+            stats,
+            np.array([a.pulls for a in arms], dtype=float) if pulls is None else pulls,
+            np.array([a.reward_sum for a in arms], dtype=float) if reward_sums is None else reward_sums,
+            now,
+            rng,
+        ),
+    )
+
+
+def rebuild(
+    snap: EndpointSnapshot,
+    *,
+    stats: Stats,
+    pulls: np.ndarray,
+    reward_sums: np.ndarray,
+    now: datetime,
+    rng: np.random.Generator,
+) -> EndpointSnapshot:
+    """``snap`` with new statistics (folded feedback): the same arms and settings, its
+    posterior fields computed again. Cheaper than ``build``: nothing is parsed or copied."""
+    out = dataclasses.replace(
+        snap,
+        **_posterior_fields(
+            snap.policy,
+            snap.arm_ids,
+            snap.statuses,
+            snap.caps,
+            snap.stored_incumbent,
+            stats,
+            pulls,
+            reward_sums,
+            now,
+            rng,
+        ),
+    )
+    if "params_structs" in snap.__dict__:  # the same params: keep the Structs already built
+        out.__dict__["params_structs"] = snap.__dict__["params_structs"]
+    return out
+
+
+def _posterior_fields(
+    policy: PolicyConfig,
+    arm_ids: list[str],
+    statuses: list[str],
+    caps: np.ndarray,
+    stored_incumbent: str,
+    stats: Stats,
+    pulls: np.ndarray,
+    reward_sums: np.ndarray,
+    now: datetime,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The fields of a snapshot that depend on its statistics."""
+    live = np.array([s != RETIRED for s in statuses])
     # Linear endpoints have no context-free policy; their reported probabilities use the
     # context-free reward posterior (Gaussian over the same w, s, ss).
     shown = PolicyConfig(kind="thompson_gaussian") if policy.kind == LINEAR else policy
-    probabilities = selection_probabilities(shown, stats, live, caps, rng)
+    trial = trial_share_vector(policy, statuses, caps, pulls)
+    # One set of draws gives both the selection probabilities and the probability of being best.
+    probabilities, best = _probabilities(shown, stats, live, caps, rng, trial=trial)
     means, lo, hi = posterior.summaries(shown, stats)
-    best = np.zeros(len(arm_ids))
-    if live.any():
-        best[live] = selection.action_probabilities(
-            posterior.draws(shown, Stats(stats.w[live], stats.s[live], stats.ss[live]), rng, PROPENSITY_DRAWS)
-        )
     # Canaries are on trial: only active arms can be the incumbent.
     active = np.array([s == ACTIVE for s in statuses])
     active_ids = [a for a, ok in zip(arm_ids, active, strict=True) if ok]
-    current = row.incumbent_arm_id if row.incumbent_arm_id in active_ids else None
+    current = stored_incumbent if stored_incumbent in active_ids else None
     chosen = incumbent.choose_incumbent(
         current,
         active_ids,
@@ -135,25 +248,15 @@ def build(*, row: Any, arms: list[Any], stats: Stats, now: datetime, rng: np.ran
         max_interval_width=policy.incumbent_max_interval_width,
         min_margin=policy.incumbent_min_margin,
     )
-    return EndpointSnapshot(
-        name=row.name,
-        description=row.description,
-        policy=policy,
-        reward_spec=row.reward_spec,
-        arm_ids=arm_ids,
-        params=[a.params for a in arms],
-        statuses=statuses,
-        caps=caps,
-        pulls=pulls,
-        reward_sums=np.array([a.reward_sum for a in arms], dtype=float),
-        stats=stats,
-        probabilities=probabilities,
-        probability_best=best,
-        means=means,
-        ci_low=lo,
-        ci_high=hi,
-        incumbent=chosen or "",
-        stored_incumbent=row.incumbent_arm_id,
-        created_at=row.created_at,
-        as_of=now,
-    )
+    return {
+        "pulls": pulls,
+        "reward_sums": reward_sums,
+        "stats": stats,
+        "probabilities": probabilities,
+        "probability_best": best,
+        "means": means,
+        "ci_low": lo,
+        "ci_high": hi,
+        "incumbent": chosen or "",
+        "as_of": now,
+    }
