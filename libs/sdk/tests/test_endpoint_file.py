@@ -52,6 +52,13 @@ def test_allocation_ids_reaches_the_proto_and_back():
     assert PolicyFile.from_proto(pb.PolicySpec()).allocation == "thompson"
 
 
+def test_forgetting_by_decisions_reaches_the_proto_and_back():
+    ep = parse_endpoint(minimal(policy={"half_life_decisions": 500}))
+    assert ep.policy.to_proto().half_life_decisions == 500
+    assert PolicyFile.from_proto(ep.policy.to_proto()).half_life_decisions == 500
+    assert PolicyFile.from_proto(pb.PolicySpec(window_decisions=800)).window_decisions == 800
+
+
 def test_gaussian_defaults_to_unbounded():
     ep = parse_endpoint(minimal(policy={"kind": "thompson_gaussian"}))
     assert not ep.bounded and not ep.to_proto().reward_spec.bounded
@@ -79,6 +86,11 @@ def test_gaussian_defaults_to_unbounded():
         (minimal(policy={"exploration_floor": -0.1}), "policy.exploration_floor: Input should be greater than"),
         (minimal(policy={"half_life_s": float("nan")}), "policy.half_life_s: Input should be a finite number"),
         (minimal(policy={"half_life_s": 60, "window_s": 60}), "policy: set at most one of half_life_s and window_s"),
+        (
+            minimal(policy={"half_life_s": 60, "half_life_decisions": 500}),
+            "policy: set at most one of half_life_s and half_life_decisions",
+        ),
+        (minimal(policy={"window_decisions": -1}), "policy.window_decisions: Input should be greater than"),
         (minimal(policy={"kind": "linear_thompson"}), "policy: context_features: linear_thompson needs"),
         (minimal(policy={"allocation": "ucb"}), "policy.allocation: Input should be 'thompson' or 'ids'"),
         (

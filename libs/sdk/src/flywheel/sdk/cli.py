@@ -185,6 +185,8 @@ def cmd_get(args: argparse.Namespace) -> int:
             ("exploration_floor", policy.exploration_floor),
             ("half_life_s", policy.half_life_s),
             ("window_s", policy.window_s),
+            ("half_life_decisions", policy.half_life_decisions),
+            ("window_decisions", policy.window_decisions),
             ("segment_key", policy.segment_key),
             ("sticky_ttl_s", policy.sticky_ttl_s if policy.sticky_sessions else 0),
             ("context_features", ",".join(policy.context_features)),

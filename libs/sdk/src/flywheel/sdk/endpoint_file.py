@@ -16,7 +16,10 @@ Schema (YAML; every key but ``name`` and ``arms`` is optional, unknown keys are 
       allocation: thompson         # thompson (default) | ids: information-directed sampling (not linear_thompson)
       exploration_floor: 0.0       # minimum probability per arm; times the number of arms <= 1
       half_life_s: 0               # drift: evidence halves every half_life_s seconds (0 = off)
-      window_s: 0                  # drift: only the last window_s seconds count (0 = off); not with half_life_s
+      window_s: 0                  # drift: only the last window_s seconds count (0 = off)
+      half_life_decisions: 0       # drift by the endpoint's decisions, whatever the traffic rate (0 = off)
+      window_decisions: 0          # drift: only feedback at the last window_decisions decisions counts (0 = off)
+                                   # (set at most one of half_life_s, window_s, half_life_decisions, window_decisions)
       segment_key: ""              # per-segment posteriors keyed by this context key ("user_id" = the user)
       segment_prior_strength: 10   # a segment borrows the endpoint posterior worth at most this many pulls
       sticky_sessions: false       # a session keeps its first arm ...
@@ -138,6 +141,8 @@ class PolicyFile(_Strict):
     exploration_floor: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     half_life_s: NonNegative = 0.0
     window_s: NonNegative = 0.0
+    half_life_decisions: NonNegative = 0.0
+    window_decisions: NonNegative = 0.0
     segment_key: str = ""
     segment_prior_strength: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     sticky_sessions: bool = False
@@ -149,13 +154,17 @@ class PolicyFile(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> PolicyFile:
-        if self.half_life_s > 0 and self.window_s > 0:
-            raise ValueError("set at most one of half_life_s and window_s")
+        forgetting = ("half_life_s", "window_s", "half_life_decisions", "window_decisions")
+        chosen = [name for name in forgetting if getattr(self, name) > 0]
+        if len(chosen) > 1:
+            raise ValueError(f"set at most one of {' and '.join(chosen)} (an endpoint forgets in one way)")
         if self.kind == "linear_thompson":
             if not self.context_features:
                 raise ValueError("context_features: linear_thompson needs the numeric context keys, in order")
-            if self.segment_key or self.window_s > 0:
-                raise ValueError("linear_thompson supports half_life_s but not segment_key or window_s")
+            if self.segment_key or self.window_s > 0 or self.window_decisions > 0:
+                raise ValueError(
+                    "linear_thompson supports half_life_s and half_life_decisions but not segment_key or windows"
+                )
             if self.allocation == "ids":
                 raise ValueError("allocation: ids applies to thompson_beta and thompson_gaussian, not linear_thompson")
         elif self.context_features:
@@ -170,6 +179,8 @@ class PolicyFile(_Strict):
             exploration_floor=self.exploration_floor,
             half_life_s=self.half_life_s,
             window_s=self.window_s,
+            half_life_decisions=self.half_life_decisions,
+            window_decisions=self.window_decisions,
             segment_key=self.segment_key,
             segment_prior_strength=self.segment_prior_strength,
             sticky_sessions=self.sticky_sessions,
@@ -191,6 +202,8 @@ class PolicyFile(_Strict):
             exploration_floor=spec.exploration_floor,
             half_life_s=spec.half_life_s,
             window_s=spec.window_s,
+            half_life_decisions=spec.half_life_decisions,
+            window_decisions=spec.window_decisions,
             segment_key=spec.segment_key,
             segment_prior_strength=spec.segment_prior_strength or d.segment_prior_strength,
             sticky_sessions=spec.sticky_sessions,

@@ -4,7 +4,8 @@ Select must not wait for PostgreSQL or JetStream. Decisions go to an in-memory b
 that a background task flushes every ``flush_interval_s`` while it holds any (sooner when it
 fills; with nothing buffered it sleeps until the next decision, so an idle replica spends
 nothing here):
-one prepared INSERT for every row, then one ``DecisionBatch`` message per endpoint (a
+one prepared INSERT for every row (which also advances each endpoint's decision clock,
+``endpoints.decisions_total``, by the rows it inserted), then one ``DecisionBatch`` message per endpoint (a
 JetStream message per decision cost more CPU than the Select that made it). A batch that
 fails is retried as it was, so its messages keep their dedup ids. SIGTERM flushes what is
 left. A hard crash can lose the last interval's decisions (about 20 ms); feedback for
@@ -66,7 +67,20 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::te
                           sticky, created_at, n)
 JOIN json_array_elements($10::json) WITH ORDINALITY AS j(value, n) USING (n)
 ON CONFLICT (decision_id) DO NOTHING
+RETURNING endpoint
 """
+
+# The same statement advances each endpoint's decision clock by the rows it inserted (a retried
+# batch's rows conflict and count nothing), so the clock and the rows commit together. Endpoint
+# rows are locked in name order: two replicas flushing the same endpoints cannot deadlock.
+_INSERT_AND_COUNT = f"""
+WITH inserted AS ({_INSERT}),
+counted AS (SELECT endpoint, count(*) AS n FROM inserted GROUP BY endpoint),
+locked AS (SELECT e.name, c.n FROM endpoints e JOIN counted c ON c.endpoint = e.name
+           ORDER BY e.name FOR NO KEY UPDATE OF e)
+UPDATE endpoints SET decisions_total = endpoints.decisions_total + locked.n
+FROM locked WHERE endpoints.name = locked.name
+"""  # noqa: S608 - constants only
 
 
 def new_decision_id() -> str:
@@ -279,7 +293,7 @@ class DecisionLog:
             self._conn = await self._engine.connect()
         try:
             raw = await self._conn.get_raw_connection()
-            await raw.driver_connection.execute(_INSERT, *columns)  # type: ignore[union-attr]
+            await raw.driver_connection.execute(_INSERT_AND_COUNT, *columns)  # type: ignore[union-attr]
         except Exception as exc:
             if not rejects_the_data(exc):
                 await self._drop_connection(broken=True)  # PostgreSQL restarted or unreachable

@@ -5,8 +5,9 @@
 - ``arm_stats``: additive sufficient statistics of each arm's posterior, per segment
   ('' is endpoint-wide) and per time bucket (0 unless the endpoint has a sliding window):
   effective count ``w``, reward sum ``s``, sum of squares ``ss`` and, for linear Thompson
-  sampling, ``xtx``/``xty``. Discounted endpoints store them as of ``as_of`` and decay them
-  on every update. They only ever change by SQL increments (no read-modify-write).
+  sampling, ``xtx``/``xty``. Discounted endpoints store them as of ``as_of`` (and of
+  ``as_of_decisions`` on the endpoint's decision clock, ``endpoints.decisions_total``) and
+  decay them on every update. They only ever change by SQL increments (no read-modify-write).
 - ``decisions``: every Select, with the propensity of the chosen arm (for OPE).
 - ``applied_feedback``: one row per applied event id; it makes feedback exactly-once.
 """
@@ -51,6 +52,9 @@ class EndpointRow(OptimizerBase):
     reward_spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     # Remembered so the stability rule can keep it; '' when none.
     incumbent_arm_id: Mapped[str] = mapped_column(String(128), default="")
+    # The decision clock: decisions written for this endpoint so far (the DecisionLog adds to it
+    # in the statement that inserts them); forgetting by decisions is measured on it.
+    decisions_total: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
@@ -90,6 +94,8 @@ class ArmStatsRow(OptimizerBase):
     xtx: Mapped[list[float] | None] = mapped_column(ARRAY(Float), nullable=True)
     xty: Mapped[list[float] | None] = mapped_column(ARRAY(Float), nullable=True)
     as_of: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # The endpoint's decision clock the values are valid at (``as_of`` in decisions).
+    as_of_decisions: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class DecisionRow(OptimizerBase):

@@ -2,8 +2,9 @@
 
 Every change is one ``INSERT ... ON CONFLICT DO UPDATE`` whose new values are computed
 from the row's current values inside PostgreSQL, so concurrent replicas never lose an
-update. Time is the database's ``now()``, one clock for every replica. Discounted
-endpoints decay the stored evidence by 0.5^(elapsed / half_life) as they add to it.
+update. Time is the database's ``now()``, one clock for every replica; the decision clock is
+the endpoint's ``decisions_total``, read in the same statement. Discounted endpoints decay the
+stored evidence by 0.5^(elapsed / half_life) as they add to it (policies/drift.py).
 """
 
 from __future__ import annotations
@@ -32,16 +33,29 @@ def evidence_factor(policy: PolicyConfig, *, elapsed_s: float, elapsed_decisions
     return decay_factor(elapsed_s, policy.half_life_s) * decay_factor(elapsed_decisions, policy.half_life_decisions)
 
 
-def _decay(policy: PolicyConfig, newer: str, older: str) -> str:
-    if policy.half_life_s <= 0:
-        return "1.0"
-    return f"power(0.5, greatest(0.0, extract(epoch from ({newer} - {older}))) / {float(policy.half_life_s)!r})"
+# The endpoint's decision clock, read inside the statement that uses it (a scalar subquery):
+# the number of its decisions the DecisionLog has written so far.
+# (Its own parameter: PostgreSQL deduces :endpoint's type from the column it is inserted into.)
+_CLOCK = "coalesce((SELECT decisions_total FROM endpoints WHERE name = :clock_of), 0)"
+
+
+def _decay(policy: PolicyConfig) -> str:
+    """SQL for the factor that brings the stored row ``st`` to the incoming one (``EXCLUDED``)."""
+    if policy.half_life_s > 0:
+        elapsed = "greatest(0.0, extract(epoch from (EXCLUDED.as_of - st.as_of)))"
+        return f"power(0.5, {elapsed} / {float(policy.half_life_s)!r})"
+    if policy.half_life_decisions > 0:
+        elapsed = "greatest(0, EXCLUDED.as_of_decisions - st.as_of_decisions)::float8"
+        return f"power(0.5, {elapsed} / {float(policy.half_life_decisions)!r})"
+    return "1.0"
 
 
 def _bucket(policy: PolicyConfig) -> str:
-    if policy.bucket_s <= 0:
-        return "0"
-    return f"(floor(extract(epoch from now()) / {policy.bucket_s}) * {policy.bucket_s})::bigint"
+    if policy.bucket_s > 0:
+        return f"(floor(extract(epoch from now()) / {policy.bucket_s}) * {policy.bucket_s})::bigint"
+    if policy.bucket_decisions > 0:  # integer division of a bigint: the bucket's first decision
+        return f"({_CLOCK} / {policy.bucket_decisions} * {policy.bucket_decisions})::bigint"
+    return "0"
 
 
 def _array_update(column: str, factor: str) -> str:
@@ -77,22 +91,24 @@ async def add(
     session: AsyncSession, *, endpoint: str, arm_id: str, segment: str, policy: PolicyConfig, inc: Increment
 ) -> None:
     """Add an increment to one arm's statistics (one segment; '' is endpoint-wide)."""
-    factor = _decay(policy, "EXCLUDED.as_of", "st.as_of")
+    factor = _decay(policy)
     sql = text(f"""
-        INSERT INTO arm_stats AS st (endpoint, arm_id, segment, bucket, w, s, ss, xtx, xty, as_of)
-        VALUES (:endpoint, :arm_id, :segment, {_bucket(policy)}, :w, :s, :ss, :xtx, :xty, now())
+        INSERT INTO arm_stats AS st (endpoint, arm_id, segment, bucket, w, s, ss, xtx, xty, as_of, as_of_decisions)
+        VALUES (:endpoint, :arm_id, :segment, {_bucket(policy)}, :w, :s, :ss, :xtx, :xty, now(), {_CLOCK})
         ON CONFLICT (endpoint, arm_id, segment, bucket) DO UPDATE SET
             w = st.w * {factor} + EXCLUDED.w,
             s = st.s * {factor} + EXCLUDED.s,
             ss = st.ss * {factor} + EXCLUDED.ss,
             xtx = {_array_update("xtx", factor)},
             xty = {_array_update("xty", factor)},
-            as_of = greatest(st.as_of, EXCLUDED.as_of)
+            as_of = greatest(st.as_of, EXCLUDED.as_of),
+            as_of_decisions = greatest(st.as_of_decisions, EXCLUDED.as_of_decisions)
     """)  # noqa: S608 - only numbers from validated settings are formatted in
     await session.execute(
         sql,
         {
             "endpoint": endpoint,
+            "clock_of": endpoint,
             "arm_id": arm_id,
             "segment": segment,
             "w": inc.w,
@@ -105,7 +121,8 @@ async def add(
 
 
 def aggregate(policy: PolicyConfig, arm_ids: list[str], rows: list[Any], now: datetime, d: int = 0) -> Stats:
-    """Fold stored rows (one segment, any buckets) into per-arm statistics as of ``now``."""
+    """Fold stored rows (one segment, any buckets) into per-arm statistics as of ``now`` and of
+    each row's ``clock`` (its endpoint's decision clock when it was read, see `load_rows`)."""
     index = {a: i for i, a in enumerate(arm_ids)}
     out = Stats.zeros(len(arm_ids), d)
     horizon = now.timestamp() - policy.window_s if policy.window_s > 0 else None
@@ -113,7 +130,14 @@ def aggregate(policy: PolicyConfig, arm_ids: list[str], rows: list[Any], now: da
         i = index.get(row.arm_id)
         if i is None or (horizon is not None and row.bucket + policy.bucket_s <= horizon):
             continue
-        f = 0.5 ** (max(0.0, (now - row.as_of).total_seconds()) / policy.half_life_s) if policy.half_life_s > 0 else 1.0
+        clock = row.clock or 0
+        if policy.window_decisions > 0 and not _in_decision_window(policy, row.bucket, clock):
+            continue
+        f = evidence_factor(
+            policy,
+            elapsed_s=(now - row.as_of).total_seconds(),
+            elapsed_decisions=clock - row.as_of_decisions,
+        )
         out.w[i] += f * row.w
         out.s[i] += f * row.s
         out.ss[i] += f * row.ss
@@ -123,13 +147,26 @@ def aggregate(policy: PolicyConfig, arm_ids: list[str], rows: list[Any], now: da
     return out
 
 
+def _in_decision_window(policy: PolicyConfig, bucket: int, clock: int) -> bool:
+    """Whether a bucket (its first decision) still counts at ``clock``. A bucket beyond the
+    clock is not one of this window's (left by an earlier time window): it never counts."""
+    return clock - policy.window_decisions < bucket + policy.bucket_decisions and bucket <= clock
+
+
 async def load_rows(
     session: AsyncSession, *, endpoint: str | None = None, segment: str = ""
 ) -> tuple[list[Any], datetime]:
-    """Stats rows of one segment (of one endpoint, or all), and the database's now()."""
-    where = "segment = :segment" + (" AND endpoint = :endpoint" if endpoint else "")
+    """Stats rows of one segment (of one endpoint, or all), and the database's now().
+
+    Each row carries ``clock``, its endpoint's decision clock (``decisions_total``) read in the
+    same statement, which `aggregate` decays ``as_of_decisions`` to."""
+    where = "st.segment = :segment" + (" AND st.endpoint = :endpoint" if endpoint else "")
     result = await session.execute(
-        text(f"SELECT endpoint, arm_id, bucket, w, s, ss, xtx, xty, as_of FROM arm_stats WHERE {where}"),  # noqa: S608
+        text(
+            "SELECT st.endpoint, st.arm_id, st.bucket, st.w, st.s, st.ss, st.xtx, st.xty, st.as_of, "  # noqa: S608
+            "st.as_of_decisions, e.decisions_total AS clock "
+            f"FROM arm_stats st JOIN endpoints e ON e.name = st.endpoint WHERE {where}"
+        ),
         {"segment": segment, "endpoint": endpoint},
     )
     rows = list(result)
@@ -139,7 +176,18 @@ async def load_rows(
 
 async def drop_expired_buckets(session: AsyncSession, *, endpoint: str, policy: PolicyConfig) -> None:
     """Delete window buckets that can no longer count."""
-    if policy.window_s > 0:
+    if policy.window_decisions > 0:
+        # Every bucket of a decision window is one (the first starts at decision 0).
+        await session.execute(
+            text(f"DELETE FROM arm_stats WHERE endpoint = :endpoint AND bucket + :bd <= {_CLOCK} - :window"),  # noqa: S608
+            {
+                "endpoint": endpoint,
+                "clock_of": endpoint,
+                "bd": policy.bucket_decisions,
+                "window": policy.window_decisions,
+            },
+        )
+    elif policy.window_s > 0:
         await session.execute(
             text(
                 "DELETE FROM arm_stats WHERE endpoint = :e AND bucket > 0 "

@@ -1,4 +1,5 @@
-"""Forgetting old evidence: exponential discounting by half-life, and sliding windows.
+"""Forgetting old evidence: exponential discounting by half-life, and sliding windows, measured
+in seconds or in the endpoint's own decisions.
 
 Discounting contract (what the service stores and how it reads it):
 
@@ -17,6 +18,38 @@ Discounting contract (what the service stores and how it reads it):
 
 Sliding windows are the other option: the service adds rewards into time buckets and the
 posterior uses the sum of the buckets in the window (`window_sum`).
+
+Forgetting by decisions (``half_life_decisions``, ``window_decisions``): the same contract
+on another clock. A half-life in seconds forgets after a number of requests that depends on
+the traffic rate; a half-life in decisions forgets after the same number of decisions at any
+rate. The clock is per endpoint: ``endpoints.decisions_total``, the decisions the
+DecisionLog has written for it, advanced by the statement that inserts them (so a decision
+row and its tick commit together, and a retried batch ticks once). Each stats row keeps
+``as_of_decisions`` beside ``as_of``:
+
+- add: ``x = x * 0.5 ** ((clock - as_of_decisions) / half_life_decisions) + increment``,
+  ``as_of_decisions = greatest(as_of_decisions, clock)``, with ``clock`` read from the endpoint
+  row inside the same statement;
+- read: every statistic times ``0.5 ** ((clock - as_of_decisions) / half_life_decisions)``,
+  ``clock`` read with the rows (`stats.load_rows`, `stats.aggregate`);
+- window: rows go into buckets of ``bucket_decisions`` (a twentieth of the window, at least 1)
+  numbered by their first decision, ``clock // bucket_decisions * bucket_decisions``; a bucket
+  counts while ``bucket + bucket_decisions > clock - window_decisions``.
+
+This is exactly `simulate.ThompsonAgent` with ``half_life_s = half_life_decisions`` and its
+``now`` the number of decisions made so far, which is how `bench/regret` runs it (one decision
+per simulated second). The decisions still in a replica's buffer (at most one flush interval,
+20 ms) are not yet on the clock; feedback applied meanwhile counts from the clock before them.
+
+In memory (a replica folding feedback into its snapshot between reloads), the one function to
+decay by is `stats.evidence_factor(policy, elapsed_s=, elapsed_decisions=)`: seconds and
+decisions since the snapshot was read; the factor of several steps multiplies to the factor
+of their sum. A replica counts the decisions it logs itself; other replicas' decisions reach
+its clock only with the next reload, so with several replicas the in-memory decision clock
+runs behind by theirs until then (at most one refresh interval of their traffic).
+
+At most one of ``half_life_s``, ``window_s``, ``half_life_decisions`` and ``window_decisions``
+is set (`spec.check_policy`).
 """
 
 from __future__ import annotations

@@ -325,6 +325,8 @@ class PolicySpec(_message.Message):
     INCUMBENT_FIELD_NUMBER: _builtins.int
     CANARY_FIELD_NUMBER: _builtins.int
     ALLOCATION_FIELD_NUMBER: _builtins.int
+    HALF_LIFE_DECISIONS_FIELD_NUMBER: _builtins.int
+    WINDOW_DECISIONS_FIELD_NUMBER: _builtins.int
     kind: Global___PolicyKind.ValueType
     exploration_floor: _builtins.float
     """Minimum probability every active arm keeps (0 disables)."""
@@ -332,7 +334,7 @@ class PolicySpec(_message.Message):
     """Drift: evidence loses half its weight every half_life_s seconds (0 disables)."""
     window_s: _builtins.float
     """Drift: only feedback from the last window_s seconds counts (0 disables).
-    At most one of half_life_s and window_s may be set.
+    At most one of half_life_s, window_s, half_life_decisions and window_decisions may be set.
     """
     segment_key: _builtins.str
     """Per-segment posteriors: the context key naming the segment ("user_id" means the
@@ -347,6 +349,12 @@ class PolicySpec(_message.Message):
     """Ridge prior precision of linear Thompson sampling (default 1)."""
     allocation: Global___Allocation.ValueType
     """Thompson sampling (default) or information-directed sampling (not with linear_thompson)."""
+    half_life_decisions: _builtins.float
+    """Drift measured in the endpoint's own decisions, whatever the traffic rate: evidence loses
+    half its weight every half_life_decisions decisions (0 disables).
+    """
+    window_decisions: _builtins.float
+    """Drift: only feedback given at the endpoint's last window_decisions decisions counts (0 disables)."""
     @_builtins.property
     def context_features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Contextual endpoints (POLICY_KIND_LINEAR_THOMPSON): numeric context features, in order."""
@@ -371,10 +379,12 @@ class PolicySpec(_message.Message):
         incumbent: Global___IncumbentRule | None = ...,
         canary: Global___CanaryRule | None = ...,
         allocation: Global___Allocation.ValueType = ...,
+        half_life_decisions: _builtins.float = ...,
+        window_decisions: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "incumbent", b"incumbent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "canary", b"canary", "context_features", b"context_features", "exploration_floor", b"exploration_floor", "half_life_s", b"half_life_s", "incumbent", b"incumbent", "kind", b"kind", "ridge_lambda", b"ridge_lambda", "segment_key", b"segment_key", "segment_prior_strength", b"segment_prior_strength", "sticky_sessions", b"sticky_sessions", "sticky_ttl_s", b"sticky_ttl_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "canary", b"canary", "context_features", b"context_features", "exploration_floor", b"exploration_floor", "half_life_decisions", b"half_life_decisions", "half_life_s", b"half_life_s", "incumbent", b"incumbent", "kind", b"kind", "ridge_lambda", b"ridge_lambda", "segment_key", b"segment_key", "segment_prior_strength", b"segment_prior_strength", "sticky_sessions", b"sticky_sessions", "sticky_ttl_s", b"sticky_ttl_s", "window_decisions", b"window_decisions", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
