@@ -98,4 +98,4 @@ class ArmLifecycle:
                 await stats.drop_expired_buckets(session, endpoint=snap.name, policy=snap.policy)
             await session.commit()
         for name in changed:
-            await self._cache.load(name)
+            await self._cache.changed(name)  # reloaded here, announced to the other replicas
