@@ -149,9 +149,9 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         # The cached snapshot once the batch's fold is built into it: the stats reported are
         # those the next Select samples from. (Not cached here, or its rebuild failed: every
         # caller of one batch has the same commit time, so they share one reload.)
-        snap = (await self._cache.caught_up(outcome.endpoint) if self._fold else None) or await self._cache.fresh(
-            outcome.endpoint, since=committed
-        )
+        snap = await self._cache.caught_up(outcome.endpoint) if self._fold else None
+        if snap is None or outcome.arm_id not in snap.arm_ids:  # an arm added since its read
+            snap = await self._cache.fresh(outcome.endpoint, since=committed)
         return sel_pb.UpdateResponse(applied=outcome.applied, stats=arm_stats(snap, snap.arm_ids.index(outcome.arm_id)))
 
 
