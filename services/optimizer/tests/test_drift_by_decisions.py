@@ -16,8 +16,9 @@ import pytest
 
 from flywheel.api.optimizer.v1 import endpoints_pb2 as pb
 from flywheel.core.errors import InvalidArgument
-from flywheel.optimizer import convert, stats
+from flywheel.optimizer import convert, fold, stats
 from flywheel.optimizer.policies.simulate import ThompsonAgent
+from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.spec import FORGETTING, LINEAR, PolicyConfig, check_policy
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
@@ -164,3 +165,40 @@ def test_a_decision_window_keeps_the_buckets_within_the_last_window_decisions():
     ]
     got = stats.aggregate(policy, ["a"], rows, NOW)
     assert got.w[0] == 6.0 and got.s[0] == 2.0
+
+
+# --- the in-memory fold ------------------------------------------------------------------
+
+
+def test_a_fold_decays_by_the_decision_clock_its_transaction_read():
+    """`fold.add` with each transaction's clock gives what the stored rows read at that clock
+    give (`stats.aggregate`): the cache's folds agree with the next refresh."""
+    policy = PolicyConfig(half_life_decisions=50)
+    events = [(10, 0, 1.0), (10, 1, 0.0), (60, 0, 1.0), (75, 1, 1.0), (160, 0, 0.0)]
+    index = {"a": 0, "b": 1}
+    counts = fold.Counts(Stats.zeros(2), np.zeros(2), np.zeros(2), as_of=0.0, clock=0.0)
+    for clock, arm, reward in events:
+        inc = stats.Increment()
+        inc.add(reward, None)
+        # Seconds do not matter to a half-life in decisions: the transactions' times are jumbled.
+        counts = fold.add(policy, counts, index, 1000.0 - clock, {"ab"[arm]: inc}, clock)
+    assert counts.clock == 160
+    rows = [
+        _row("ab"[a], w=w, s=s, as_of_decisions=as_of, clock=160)
+        for a, (w, s, as_of) in enumerate(_stored_rows(policy, events, 2))
+    ]
+    read = stats.aggregate(policy, ["a", "b"], rows, NOW)
+    np.testing.assert_allclose(counts.stats.w, read.w, rtol=1e-12)
+    np.testing.assert_allclose(counts.stats.s, read.s, rtol=1e-12)
+
+
+def test_a_peer_fold_carries_its_decision_clock():
+    inc = stats.Increment()
+    inc.add(1.0, None)
+    notice = fold.decode('{"x":7,"t":5.0,' + fold.body("r1", "bot", {"a": inc}, 1234.0))
+    assert notice.fold is not None and notice.fold.clock == 1234.0
+    # A notification from a replica that does not send the clock yet folds without decay by it.
+    old = fold.decode('{"x":7,"t":5.0,"r":"r1","e":"bot","a":{"a":[1,1,1]}}')
+    assert old.fold is not None and old.fold.clock == 0.0
+    batch = fold.FoldBatch(xid=7, at=5.0, endpoints={"bot": {"a": inc}}, clocks={"bot": 99.0})
+    assert batch.folds()["bot"].clock == 99.0

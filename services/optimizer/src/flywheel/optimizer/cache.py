@@ -264,6 +264,7 @@ class PosteriorCache:
             np.array([a.pulls for a in inp.arms], dtype=float),
             np.array([a.reward_sum for a in inp.arms], dtype=float),
             fold.epoch(inp.now),
+            float(getattr(inp.row, "decisions_total", 0) or 0),  # the decision clock, read with the rows
         )
         counts, kept = base, []
         if pending:
@@ -271,7 +272,7 @@ class PosteriorCache:
             index = {a.arm_id: i for i, a in enumerate(inp.arms)}
             for f in sorted(pending, key=lambda f: f.at):
                 if all(a in index for a in f.arms):  # else: an arm this read does not know yet
-                    counts = fold.add(policy, counts, index, f.at, f.arms)
+                    counts = fold.add(policy, counts, index, f.at, f.arms, f.clock)
                     kept.append(f)
         if kept:
             snap = snapshot.build(
@@ -338,7 +339,7 @@ class PosteriorCache:
             self._reload_soon(name)  # an arm added since the read, or reads failing for long
             return
         entry.folds[f.xid] = f
-        entry.counts = fold.add(snap.policy, entry.counts, index, f.at, f.arms)
+        entry.counts = fold.add(snap.policy, entry.counts, index, f.at, f.arms, f.clock)
         entry.version += 1
         FOLDS.labels(source).inc()
         if entry.rebuilding is None:

@@ -29,12 +29,13 @@ from flywheel.optimizer.stats import Increment, evidence_factor
 MAX_PAYLOAD_BYTES = 7900
 
 
-def decay(policy: PolicyConfig, elapsed_s: float) -> float:
-    """The share of evidence kept after ``elapsed_s`` seconds: the one place a fold decays
-    (the SQL increment in ``stats.add`` and ``stats.aggregate`` apply the same factor).
-    Decay by decisions (``half_life_decisions``) is not applied between full refreshes: a fold
-    does not carry the endpoint's decision clock, so it is brought up to date at each refresh."""
-    return evidence_factor(policy, elapsed_s=elapsed_s, elapsed_decisions=0.0)
+def decay(policy: PolicyConfig, elapsed_s: float, elapsed_decisions: float = 0.0) -> float:
+    """The share of evidence kept after ``elapsed_s`` seconds and ``elapsed_decisions`` of the
+    endpoint's decisions: the one place a fold decays (the SQL increment in ``stats.add`` and
+    ``stats.aggregate`` apply the same `stats.evidence_factor`). The decision clock of a fold is
+    the endpoint's ``decisions_total`` as its transaction read it; with several replicas it can
+    lag the decisions still in their buffers (one flush, 20 ms), and is exact at the next read."""
+    return evidence_factor(policy, elapsed_s=elapsed_s, elapsed_decisions=elapsed_decisions)
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,22 @@ class Counts:
     pulls: np.ndarray
     reward_sums: np.ndarray
     as_of: float
+    clock: float = 0.0  # the endpoint's decision clock the statistics are valid at
 
 
 def add(
-    policy: PolicyConfig, counts: Counts, arm_index: Mapping[str, int], at: float, incs: Mapping[str, Increment]
+    policy: PolicyConfig,
+    counts: Counts,
+    arm_index: Mapping[str, int],
+    at: float,
+    incs: Mapping[str, Increment],
+    clock: float = 0.0,
 ) -> Counts:
     """``counts`` brought to ``at`` (decayed) plus one transaction's increments, as new arrays
     (the old ones may be in use by Select). Like the SQL update, time never runs backwards: a
-    transaction that started before ``as_of`` adds its increments undecayed."""
-    f = decay(policy, at - counts.as_of)
+    transaction that started before ``as_of`` adds its increments undecayed. ``clock`` is the
+    endpoint's decision clock in that transaction (for ``half_life_decisions``), likewise."""
+    f = decay(policy, at - counts.as_of, clock - counts.clock)
     st = counts.stats
     w, s, ss = st.w * f, st.s * f, st.ss * f
     xtx = None if st.xtx is None else st.xtx * f
@@ -70,7 +78,7 @@ def add(
             xty[i] += inc.xty
         pulls[i] += round(inc.w)
         reward_sums[i] += inc.s
-    return Counts(Stats(w, s, ss, xtx, xty), pulls, reward_sums, max(counts.as_of, at))
+    return Counts(Stats(w, s, ss, xtx, xty), pulls, reward_sums, max(counts.as_of, at), max(counts.clock, clock))
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ class EndpointFold:
     xid: int
     at: float  # the transaction's now(), epoch seconds
     arms: dict[str, Increment]
+    clock: float = 0.0  # the endpoint's decision clock (decisions_total) in the transaction
 
 
 @dataclass
@@ -115,15 +124,18 @@ class FoldBatch:
     endpoints: dict[str, dict[str, Increment]]
     # (endpoint, arm_id, segment) -> increment for the other segments (for a segment cache)
     segments: dict[tuple[str, str, str], Increment] = field(default_factory=dict)
+    # endpoint -> its decision clock as the transaction read it
+    clocks: dict[str, float] = field(default_factory=dict)
 
     def folds(self) -> dict[str, EndpointFold]:
-        return {e: EndpointFold(self.xid, self.at, arms) for e, arms in self.endpoints.items()}
+        return {e: EndpointFold(self.xid, self.at, arms, self.clocks.get(e, 0.0)) for e, arms in self.endpoints.items()}
 
 
 # --- NOTIFY payloads ------------------------------------------------------------------------
 # The body is written here without the transaction's id and time, which PostgreSQL prepends
 # inside the transaction (``notify.py``): {"x": xid, "t": now, "r": replica, "e": endpoint,
-# "a": {arm: [w, s, ss] or [w, s, ss, xtx..., xty...]}} or, too large, {..., "reload": 1}.
+# "a": {arm: [w, s, ss] or [w, s, ss, xtx..., xty...]}, "c": decision clock} or, too large,
+# {..., "reload": 1}.
 
 
 def _arm_values(inc: Increment) -> list[float]:
@@ -133,10 +145,10 @@ def _arm_values(inc: Increment) -> list[float]:
     return values
 
 
-def body(replica: str, endpoint: str, arms: Mapping[str, Increment]) -> str:
+def body(replica: str, endpoint: str, arms: Mapping[str, Increment], clock: float = 0.0) -> str:
     """The payload after ``{"x":..,"t":..,`` for one endpoint (a reload request when too large)."""
     out = json.dumps(
-        {"r": replica, "e": endpoint, "a": {a: _arm_values(inc) for a, inc in arms.items()}},
+        {"r": replica, "e": endpoint, "a": {a: _arm_values(inc) for a, inc in arms.items()}, "c": clock},
         separators=(",", ":"),
     )[1:]
     if len(out.encode()) > MAX_PAYLOAD_BYTES - 64:
@@ -177,7 +189,8 @@ def decode(payload: str) -> Notice:
     if data.get("reload") or "x" not in data:
         return Notice(replica, endpoint, None)
     arms = {str(a): _increment(v) for a, v in data["a"].items()}
-    return Notice(replica, endpoint, EndpointFold(int(data["x"]), float(data["t"]), arms))
+    clock = float(data.get("c", 0.0))
+    return Notice(replica, endpoint, EndpointFold(int(data["x"]), float(data["t"]), arms, clock))
 
 
 def epoch(when: datetime) -> float:

@@ -48,11 +48,21 @@ LISTENER_EVENTS = Counter(
 
 
 async def announce(
-    session: AsyncSession, *, replica: str | None, endpoints: Mapping[str, Mapping[str, Increment]]
+    session: AsyncSession,
+    *,
+    replica: str | None,
+    endpoints: Mapping[str, Mapping[str, Increment]],
+    clocks: Mapping[str, float] | None = None,
 ) -> tuple[int, float]:
     """Inside a feedback transaction: notify the other replicas of its endpoint-wide increments
-    (nothing is sent when ``replica`` is None) and return the transaction's id and now()."""
-    bodies = [fold.body(replica, e, arms) for e, arms in sorted(endpoints.items())] if replica is not None else []
+    and each endpoint's decision clock (nothing is sent when ``replica`` is None) and return the
+    transaction's id and now()."""
+    clocks = clocks or {}
+    bodies = (
+        [fold.body(replica, e, arms, clocks.get(e, 0.0)) for e, arms in sorted(endpoints.items())]
+        if replica is not None
+        else []
+    )
     xid, at, _ = (await session.execute(_ANNOUNCE, {"bodies": bodies})).one()
     return int(xid), float(at)
 

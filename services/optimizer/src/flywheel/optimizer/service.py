@@ -350,7 +350,8 @@ async def apply_feedback_batch(
             .where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id)
             .values(pulls=ArmRow.pulls + int(inc.w), reward_sum=ArmRow.reward_sum + inc.s)
         )
-    batch = await _announce(session, folds, increments) if folds is not None and increments else None
+    clocks = {name: float(getattr(row, "decisions_total", 0) or 0) for name, row in endpoints.items()}
+    batch = await _announce(session, folds, increments, clocks) if folds is not None and increments else None
     await session.commit()
     if batch is not None and folds is not None:
         try:
@@ -371,7 +372,10 @@ class FoldSink(Protocol):
 
 
 async def _announce(
-    session: AsyncSession, folds: FoldSink, increments: dict[tuple[str, str, str], stats.Increment]
+    session: AsyncSession,
+    folds: FoldSink,
+    increments: dict[tuple[str, str, str], stats.Increment],
+    clocks: dict[str, float],
 ) -> FoldBatch:
     endpoint_wide: dict[str, dict[str, stats.Increment]] = defaultdict(dict)
     segments = {}
@@ -380,5 +384,6 @@ async def _announce(
             segments[(endpoint, arm_id, segment)] = inc
         else:
             endpoint_wide[endpoint][arm_id] = inc
-    xid, at = await notify.announce(session, replica=folds.replica or None, endpoints=endpoint_wide)
-    return FoldBatch(xid=xid, at=at, endpoints=dict(endpoint_wide), segments=segments)
+    clocks = {e: clocks.get(e, 0.0) for e in endpoint_wide}
+    xid, at = await notify.announce(session, replica=folds.replica or None, endpoints=endpoint_wide, clocks=clocks)
+    return FoldBatch(xid=xid, at=at, endpoints=dict(endpoint_wide), segments=segments, clocks=clocks)
