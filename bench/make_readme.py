@@ -52,7 +52,8 @@ DIRECTIONS: dict[str, str | dict[str, str]] = {
 GOAL_FIGURES: dict[str, dict[str, tuple[str, ...]]] = {
     "ingest": {"p99_ingest_to_queryable_s_max": ("latency", "p99_s")},
 }
-# A few named figures per benchmark, shown under its table: (label, path in figures).
+# A few named figures per benchmark, shown under its table: (label, path in figures; a path
+# that starts with "@params" is in params instead).
 FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "ingest": [
         ("Flywheel spans/s", ("flywheel", "spans_per_s")),
@@ -104,7 +105,9 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     ],
     "select": [
         ("Flywheel Select/s", ("flywheel", "select_rps")),
-        ("The Convergence Select/s", ("convergence", "select_rps")),
+        ("The Convergence Select/s (headline row)", ("convergence", "select_rps")),
+        ("The Convergence's gRPC server (headline row)", ("@params", "convergence_grpc_server")),
+        ("The Convergence Select/s on grpc.aio (second row)", ("convergence_aio", "select_rps")),
         ("MABWiser Select/s", ("mabwiser", "select_rps")),
         ("Flywheel's gRPC server", ("flywheel_grpc_server",)),
         ("run time (s)", ("seconds",)),
@@ -171,7 +174,9 @@ def _met(result: dict[str, Any], goal: str, value: Any, target: float, direction
         status = found[goal]
     elif isinstance(figures.get("goal_met"), bool):  # one verdict for all the goals together
         return ("**met**" if figures["goal_met"] else "**missed**") + " (all goals together)"
-    elif value is None or not direction or direction == "±":
+    elif value is None:
+        return "not measured"
+    elif not direction or direction == "±":
         return "?"
     else:
         status = {"≤": value <= target, "≥": value >= target, ">": value > target}[direction]
@@ -227,7 +232,10 @@ def section(name: str) -> str:
     rows = goal_rows(name, result)
     if rows:
         lines += ["| ratio | value | goal | verdict |", "|---|---|---|---|", *rows]
-    extra = [(label, _get(result.get("figures"), path)) for label, path in FIGURES.get(name, [])]
+    extra = [
+        (label, _get(result.get("params"), path[1:]) if path[0] == "@params" else _get(result.get("figures"), path))
+        for label, path in FIGURES.get(name, [])
+    ]
     extra = [(label, value) for label, value in extra if value is not None]
     if extra:
         lines += ["", "| figure | value |", "|---|---|", *(f"| {label} | {fmt(v)} |" for label, v in extra)]
