@@ -1,5 +1,6 @@
 """Select: one request in, one decision out, from the cached snapshot (no database
-round trip unless a segment or a session is seen for the first time)."""
+round trip unless a segment or a session is seen for the first time). A segmented endpoint's
+Select samples its segment's cached snapshot (segment_cache.py) the same way."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import Decision, DecisionLog, new_decision_id
 from flywheel.optimizer.models import DecisionRow
 from flywheel.optimizer.policies import selection
+from flywheel.optimizer.segment_cache import SegmentCache, SegmentSnapshot
 from flywheel.optimizer.snapshot import EndpointSnapshot
 from flywheel.optimizer.spec import LINEAR, RETIRED
 
@@ -77,10 +79,15 @@ def segment_of(snap: EndpointSnapshot, user_id: str, context: dict[str, Any]) ->
 
 
 class Selector:
-    def __init__(self, cache: PosteriorCache, log: DecisionLog, sticky: StickySessions) -> None:
+    def __init__(
+        self, cache: PosteriorCache, log: DecisionLog, sticky: StickySessions, segments: SegmentCache | None = None
+    ) -> None:
         self._cache = cache
         self._log = log
         self._sticky = sticky
+        # Segment snapshots (None: the endpoint's snapshot also serves segmented endpoints'
+        # Selects, for tools that build a Selector without a database).
+        self._segments = segments
         self._rng = np.random.default_rng()
         self._uniform = random.Random().random  # noqa: S311 - sampling an arm, not a secret
 
@@ -109,15 +116,13 @@ class Selector:
             x = features_of(snap, context)
             features = x.tolist()
             p = snap.probabilities_for(snap.stats, self._rng, x=x, m=500)
-        elif segment:
-            p = snap.probabilities_for(await self._cache.segment_stats(snap, segment), self._rng, m=1000)
-        else:
-            p = None
-        if p is None:
-            index, probability = self._sample_snapshot(snap)
-        else:
             index = selection.sample(p, self._rng)
             probability = float(p[index])
+        elif segment and self._segments is not None:
+            part = self._segments.peek(snap, segment) or await self._segments.get(snap, segment)
+            index, probability = self._sample_snapshot(part)
+        else:
+            index, probability = self._sample_snapshot(snap)
         decision = self._decide(
             snap, index, probability, user_id, session_id, context, context_struct, segment=segment, features=features
         )
@@ -140,13 +145,21 @@ class Selector:
         if snap is None:
             return None
         policy = snap.policy
-        if policy.kind == LINEAR or policy.segment_key or (policy.sticky_sessions and session_id):
+        if policy.kind == LINEAR or (policy.sticky_sessions and session_id):
             return None
-        index, probability = self._sample_snapshot(snap)
-        return self._decide(snap, index, probability, user_id, session_id, context or {}, context_struct)
+        context = context or {}
+        segment = segment_of(snap, user_id, context) if policy.segment_key else ""
+        if segment:
+            part = self._segments.peek(snap, segment) if self._segments is not None else None
+            if part is None:
+                return None  # first use of this segment (or its arms changed): load it on the loop
+            index, probability = self._sample_snapshot(part)
+        else:
+            index, probability = self._sample_snapshot(snap)
+        return self._decide(snap, index, probability, user_id, session_id, context, context_struct, segment=segment)
 
-    def _sample_snapshot(self, snap: EndpointSnapshot) -> tuple[int, float]:
-        """An arm from the snapshot's own distribution (one uniform draw, bisect on its cdf)."""
+    def _sample_snapshot(self, snap: EndpointSnapshot | SegmentSnapshot) -> tuple[int, float]:
+        """An arm from a cached distribution (one uniform draw, bisect on its cdf)."""
         cdf = snap.cdf
         index = min(bisect.bisect_right(cdf, self._uniform() * cdf[-1]), len(cdf) - 1)
         return index, float(snap.probabilities[index])

@@ -1,0 +1,318 @@
+"""Per-segment snapshots for Select on endpoints with a ``segment_key``, cached like the
+endpoints' own: statistics, borrowed prior and selection probabilities are built once per
+refresh (or fold), never per Select, so a segmented Select is one weighted draw as well.
+
+- **Hot path** (`peek`): a dict lookup, no await, no lock; safe from the sync gRPC server's
+  worker threads. An entry is served while its endpoint's arms and statuses are the ones it
+  was built for, however old: a stale entry is served and refreshed in the background.
+- **First use** (`get`): one load from PostgreSQL; concurrent first Selects of a segment
+  share that load (single flight).
+- **Refresh** (`run`/`refresh`): every ``refresh_interval_s`` one pass reloads the segments
+  Selected since the last pass, one session per pass, and re-estimates each endpoint's
+  borrowing table (`policies.segments.segment_priors`) from all its cached segments plus the
+  endpoint's remainder. A segment not used for a while keeps its entry (until evicted) and is
+  refreshed by the pass after its next use: a Select never waits on SQL for a segment it has
+  seen before.
+- **Feedback** (`fold`): the feedback path adds what it committed to a cached segment at
+  once, and the segment's probabilities are rebuilt with its current prior.
+- **Bound**: at most ``max_segments`` entries, least recently used evicted first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from flywheel.core.logging import get_logger
+from flywheel.optimizer import stats
+from flywheel.optimizer.cache import PosteriorCache
+from flywheel.optimizer.policies import segments
+from flywheel.optimizer.posterior import Stats
+from flywheel.optimizer.snapshot import EndpointSnapshot
+from flywheel.optimizer.spec import BETA
+from flywheel.optimizer.stats import Increment
+
+log = get_logger(__name__)
+
+# Joint posterior draws behind a segment's selection probabilities (built once per refresh
+# or fold; a Select only samples from them). The endpoint's own use snapshot.PROPENSITY_DRAWS.
+SEGMENT_DRAWS = 2000
+
+
+@dataclass(frozen=True)
+class SegmentSnapshot:
+    """One segment of one endpoint as Select uses it: ``own`` statistics (the segment's rows),
+    the ``prior`` borrowed from the other segments, and the selection probabilities of their
+    sum over the endpoint's arms (retired arms 0)."""
+
+    endpoint: str
+    segment: str
+    arm_ids: tuple[str, ...]
+    statuses: tuple[str, ...]
+    own: Stats
+    prior: Stats
+    probabilities: np.ndarray
+    cdf: list[float]
+    read_at: float  # monotonic time its rows' read began
+    basis: tuple[object, ...]  # the endpoint's policy and caps it was built with
+
+    def same(self, other: SegmentSnapshot) -> bool:
+        """Built from the same inputs (a rebuild would only redraw the same distribution)."""
+        return (
+            self.fits_arms(other.arm_ids, other.statuses)
+            and self.basis == other.basis
+            and all(
+                np.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(_arrays(self), _arrays(other), strict=True)
+            )
+        )
+
+    def fits_arms(self, arm_ids: tuple[str, ...], statuses: tuple[str, ...]) -> bool:
+        return self.arm_ids == arm_ids and self.statuses == statuses
+
+    @property
+    def stats(self) -> Stats:
+        return Stats(self.own.w + self.prior.w, self.own.s + self.prior.s, self.own.ss + self.prior.ss)
+
+    def fits(self, snap: EndpointSnapshot) -> bool:
+        """Built for this endpoint's arms as they are now (else its indexes would be wrong)."""
+        return self.fits_arms(tuple(snap.arm_ids), tuple(snap.statuses))
+
+
+def _arrays(entry: SegmentSnapshot) -> tuple[np.ndarray, ...]:
+    return (entry.own.w, entry.own.s, entry.own.ss, entry.prior.w, entry.prior.s, entry.prior.ss)
+
+
+class SegmentCache:
+    """Segment snapshots of every segmented endpoint, LRU-bounded (see the module docstring)."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        endpoints: PosteriorCache,
+        *,
+        refresh_interval_s: float = 0.5,
+        max_segments: int = 10_000,
+        draws: int = SEGMENT_DRAWS,
+    ) -> None:
+        if max_segments < 1:
+            raise ValueError("max_segments must be at least 1")
+        self._sessions = sessions
+        self._endpoints = endpoints
+        self._interval = refresh_interval_s
+        self._max = max_segments
+        self._draws = draws
+        self._entries: OrderedDict[tuple[str, str], SegmentSnapshot] = OrderedDict()
+        # Keys Selected since the last pass. Worker threads add to it (set.add is atomic);
+        # the pass swaps in a new set and copies the old one before reading it.
+        self._used: set[tuple[str, str]] = set()
+        self._loading: dict[tuple[str, str], asyncio.Future[SegmentSnapshot]] = {}
+        self._rng = np.random.default_rng()  # only the event loop builds
+        self.loads = 0  # first-use loads from PostgreSQL (tests and benchmarks read it)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # --- hot path ------------------------------------------------------------------------
+
+    def peek(self, snap: EndpointSnapshot, segment: str) -> SegmentSnapshot | None:
+        """The cached segment if it fits the endpoint's current arms, else None (no await)."""
+        key = (snap.name, segment)
+        entry = self._entries.get(key)
+        if entry is None or not entry.fits(snap):
+            return None
+        self._used.add(key)
+        return entry
+
+    async def get(self, snap: EndpointSnapshot, segment: str) -> SegmentSnapshot:
+        """The cached segment, or one load of it shared by every concurrent caller."""
+        found = self.peek(snap, segment)
+        if found is not None:
+            return found
+        key = (snap.name, segment)
+        pending = self._loading.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._load(snap, segment))
+            self._loading[key] = pending
+            pending.add_done_callback(lambda done: self._loaded(key, done))
+        return await asyncio.shield(pending)
+
+    def _loaded(self, key: tuple[str, str], done: asyncio.Future[SegmentSnapshot]) -> None:
+        if self._loading.get(key) is done:
+            del self._loading[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed shared load is raised to its callers, not logged as unhandled
+
+    async def _load(self, snap: EndpointSnapshot, segment: str) -> SegmentSnapshot:
+        started = time.monotonic()
+        async with self._sessions() as session:
+            own = await self._read(session, snap, segment)
+        self.loads += 1
+        # A newcomer is not in the endpoint's table yet: it borrows the table's consensus
+        # (the next pass puts it in, leaving its own data out of its prior).
+        table = self._table(snap, extra=own)
+        entry = self._build(snap, segment, own, self._prior_of(table, len(table[1]) - 1), started)
+        self._put(entry)
+        self._used.add((snap.name, segment))
+        return entry
+
+    # --- refresh ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Refresh the used segments every interval, forever (a background task)."""
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - keep serving the entries we have while PostgreSQL is away
+                log.warning("segment refresh failed", error=repr(exc))
+
+    async def refresh(self) -> int:
+        """Reload the segments Selected since the last pass and rebuild them with their
+        endpoint's current borrowing table; returns how many were reloaded."""
+        used, self._used = self._used, set()
+        keys = [k for k in list(used) if k in self._entries]
+        by_endpoint: dict[str, list[str]] = {}
+        for name, segment in keys:
+            by_endpoint.setdefault(name, []).append(segment)
+        for name in {n for n, _ in self._entries} - set(self._endpoints_names()):
+            self._drop_endpoint(name)
+        if not by_endpoint:
+            return 0
+        started = time.monotonic()
+        read: dict[tuple[str, str], tuple[EndpointSnapshot, Stats]] = {}
+        async with self._sessions() as session:
+            for name, segs in by_endpoint.items():
+                snap = self._endpoints.cached(name)
+                if snap is None or not snap.policy.segment_key:
+                    self._drop_endpoint(name)
+                    continue
+                for segment in segs:
+                    read[(name, segment)] = (snap, await self._read(session, snap, segment))
+        for name in {n for n, _ in read}:
+            snap = self._endpoints.cached(name) or read[next(k for k in read if k[0] == name)][0]
+            own = {seg: st for (n, seg), (s, st) in read.items() if n == name and s.arm_ids == snap.arm_ids}
+            for (n, seg), entry in list(self._entries.items()):
+                if n == name and seg not in own and entry.fits(snap):
+                    own[seg] = entry.own
+            names = sorted(own)  # one order every pass: the same inputs give the same table
+            table = self._table(snap, rows=[own[seg] for seg in names])
+            for i, seg in enumerate(names):
+                if (name, seg) in read:
+                    self._put(self._build(snap, seg, own[seg], self._prior_of(table, i), started, reuse=True))
+        return len(read)
+
+    async def _read(self, session: AsyncSession, snap: EndpointSnapshot, segment: str) -> Stats:
+        rows, now = await stats.load_rows(session, endpoint=snap.name, segment=segment)
+        return stats.aggregate(snap.policy, snap.arm_ids, rows, now)
+
+    def _endpoints_names(self) -> list[str]:
+        return [s.name for s in self._endpoints.snapshots()]
+
+    def _drop_endpoint(self, name: str) -> None:
+        for key in [k for k in self._entries if k[0] == name]:
+            self._entries.pop(key, None)
+
+    # --- feedback --------------------------------------------------------------------------
+
+    def fold(
+        self, endpoint: str, segment: str, increments: Mapping[str, Increment], *, committed_at: float | None = None
+    ) -> bool:
+        """Add committed feedback to a cached segment now and rebuild its probabilities.
+
+        ``increments``: arm id -> what the transaction added to that arm in this segment (the
+        same `stats.Increment` it wrote). ``committed_at``: ``time.monotonic()`` taken after
+        the commit returned, if known; an entry whose read began later already has it and is
+        left alone. Call on the event loop. Returns whether an entry changed (segments not
+        cached, the endpoint-wide segment '' and unknown arms are ignored: the next read has
+        them). Not decayed by a half-life between refreshes; each pass re-reads the truth.
+        """
+        entry = self._entries.get((endpoint, segment))
+        if entry is None or not segment or (committed_at is not None and entry.read_at >= committed_at):
+            return False
+        snap = self._endpoints.cached(endpoint)
+        if snap is None or not entry.fits(snap):
+            return False
+        index = {a: i for i, a in enumerate(entry.arm_ids)}
+        w, s, ss = entry.own.w.copy(), entry.own.s.copy(), entry.own.ss.copy()
+        changed = False
+        for arm_id, inc in increments.items():
+            i = index.get(arm_id)
+            if i is not None:
+                w[i] += inc.w
+                s[i] += inc.s
+                ss[i] += inc.ss
+                changed = True
+        if changed:
+            self._put(self._build(snap, segment, Stats(w, s, ss), entry.prior, entry.read_at))
+        return changed
+
+    # --- building --------------------------------------------------------------------------
+
+    def _table(
+        self, snap: EndpointSnapshot, *, rows: list[Stats] | None = None, extra: Stats | None = None
+    ) -> tuple[segments.SegmentPriors, list[Stats]]:
+        """The endpoint's borrowing table: its cached segments (``rows``, or every fitting
+        entry), ``extra`` (a newcomer), then the remainder (the endpoint's statistics minus
+        theirs: unsegmented and uncached traffic) as the last group."""
+        if rows is None:
+            rows = [e.own for (n, _), e in list(self._entries.items()) if n == snap.name and e.fits(snap)]
+        groups = [*rows, *([extra] if extra is not None else [])]
+        k = len(snap.arm_ids)
+        w = np.array([g.w for g in groups]).reshape(-1, k)
+        s = np.array([g.s for g in groups]).reshape(-1, k)
+        ss = np.array([g.ss for g in groups]).reshape(-1, k)
+        rest_w = np.maximum(snap.stats.w - w.sum(axis=0), 0.0)
+        keep = np.where(snap.stats.w > 0, rest_w / np.maximum(snap.stats.w, 1e-12), 0.0)
+        # The remainder keeps the endpoint's mean (and spread) with the remaining weight.
+        rest = Stats(rest_w, keep * snap.stats.s, keep * snap.stats.ss)
+        kind = "beta" if snap.policy.kind == BETA else "gaussian"
+        priors = segments.segment_priors(
+            np.vstack([w, rest.w]), np.vstack([s, rest.s]), np.vstack([ss, rest.ss]),
+            snap.policy.segment_prior_strength, kind,
+        )  # fmt: skip
+        return priors, groups
+
+    @staticmethod
+    def _prior_of(table: tuple[segments.SegmentPriors, list[Stats]], i: int) -> Stats:
+        priors = table[0]
+        return Stats(priors.w[i].copy(), priors.s[i].copy(), priors.ss[i].copy())
+
+    def _build(
+        self, snap: EndpointSnapshot, segment: str, own: Stats, prior: Stats, read_at: float, *, reuse: bool = False
+    ) -> SegmentSnapshot:
+        """The segment's snapshot; with ``reuse``, the cached one when its inputs are the same
+        (an idle segment keeps its distribution instead of drawing it again every pass)."""
+        basis = (tuple(snap.caps.tolist()), snap.policy)
+        old = self._entries.get((snap.name, segment)) if reuse else None
+        if old is not None:
+            new = replace(old, own=own, prior=prior, basis=basis, arm_ids=tuple(snap.arm_ids))
+            new = replace(new, statuses=tuple(snap.statuses))
+            if old.same(new):
+                return replace(old, read_at=read_at)
+        total = Stats(own.w + prior.w, own.s + prior.s, own.ss + prior.ss)
+        p = snap.probabilities_for(total, self._rng, m=self._draws)
+        return SegmentSnapshot(
+            endpoint=snap.name,
+            segment=segment,
+            arm_ids=tuple(snap.arm_ids),
+            statuses=tuple(snap.statuses),
+            own=own,
+            prior=prior,
+            probabilities=p,
+            cdf=[float(x) for x in np.cumsum(p)],
+            read_at=read_at,
+            basis=basis,
+        )
+
+    def _put(self, entry: SegmentSnapshot) -> None:
+        key = (entry.endpoint, entry.segment)
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
