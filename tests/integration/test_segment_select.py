@@ -134,6 +134,12 @@ async def test_segment_snapshots_are_cached_loaded_once_refreshed_and_folded(sta
         folded = parts.peek(snap, "us")
         assert folded.own.w[1] == 5020.0 and folded.probabilities[1] > 0.9
         assert not parts.fold("greet", "nowhere", {"large": Increment(w=1.0, s=1.0, ss=1.0)})
+        one = Increment(w=1.0, s=1.0, ss=1.0)
+        batch = {("greet", "small", "us"): one, ("greet", "large", "us"): one, ("x", "a", "y"): one}
+        assert parts.fold_many(batch) == 1
+        assert parts.peek(snap, "us").own.w[1] == 5021.0
+        # A fold the entry's read already saw (committed before that read began) is not added twice.
+        assert not parts.fold("greet", "us", {"large": one}, committed_at=parts.peek(snap, "us").read_at - 1.0)
 
         # Bounded: a fourth segment evicts the least recently refreshed one.
         for country in ("de", "it"):

@@ -252,6 +252,16 @@ class SegmentCache:
             self._put(self._build(snap, segment, Stats(w, s, ss), entry.prior, entry.read_at))
         return changed
 
+    def fold_many(
+        self, increments: Mapping[tuple[str, str, str], Increment], *, committed_at: float | None = None
+    ) -> int:
+        """`fold` for a whole transaction in ``FoldBatch.segments`` form ((endpoint, arm id,
+        segment) -> increment); returns how many cached segments changed."""
+        grouped: dict[tuple[str, str], dict[str, Increment]] = {}
+        for (endpoint, arm_id, segment), inc in increments.items():
+            grouped.setdefault((endpoint, segment), {})[arm_id] = inc
+        return sum(self.fold(e, s, incs, committed_at=committed_at) for (e, s), incs in grouped.items())
+
     # --- building --------------------------------------------------------------------------
 
     def _table(
