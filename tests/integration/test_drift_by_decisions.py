@@ -1,0 +1,122 @@
+"""Forgetting by decisions through a real optimizer (PostgreSQL, NATS): a half-life measured in
+the endpoint's decisions gives the same posterior whether the same decisions and feedback come
+at 100 or at 400 decisions per second, and the same as the in-process policy (`ThompsonAgent`
+with its clock counting decisions, as `bench/regret` runs it); a half-life in seconds does not.
+
+Each run plays one sequence: rounds of ``BATCH`` decisions (one SelectBatch), then the feedback
+of each (gRPC Update, concurrently), the rewards fixed in advance and drifting halfway (0.9 then
+0.1). The endpoints have one arm, so the sequence of decisions and rewards is the same in every
+run and only the pace differs. The decision clock at each round's feedback is then the number of
+decisions made so far, ``BATCH * (round + 1)``: the in-process agent is updated at that clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf.struct_pb2 import Struct
+
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
+from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
+from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
+from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
+from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
+from flywheel.optimizer.policies.simulate import ThompsonAgent
+
+from .helpers import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SLOW, FAST = 100, 400  # decisions per second
+HALF_LIFE = 200  # decisions; in seconds: 2 s is 200 decisions at 100/s but 800 at 400/s
+# Rounds of 40 concurrent Updates: they share the service's feedback batches and reloads, which
+# is what lets one test client keep 400 decisions/s with feedback on a small machine.
+BATCH = 40
+ROUNDS = 20  # 800 decisions: 8 s at 100/s, 2 s at 400/s
+_RNG = random.Random(19)
+REWARDS = [1.0 if _RNG.random() < (0.9 if i < BATCH * ROUNDS // 2 else 0.1) else 0.0 for i in range(BATCH * ROUNDS)]
+
+
+def one_arm(name: str, policy: ep_pb.PolicySpec) -> admin_pb.CreateEndpointRequest:
+    return admin_pb.CreateEndpointRequest(
+        endpoint=ep_pb.Endpoint(name=name, arms=[ep_pb.Arm(arm_id="only", params=Struct())], policy=policy)
+    )
+
+
+async def play(sel: sel_grpc.SelectionServiceStub, name: str, rate: float) -> float:
+    """Play the sequence on ``name`` at ``rate`` decisions per second; returns the rate achieved."""
+    started = time.monotonic()
+    for r in range(ROUNDS):
+        # Paced by the clock, not by sleeps after the work: a slow round is caught up by the next.
+        delay = started + r * BATCH / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        batch = await sel.SelectBatch(
+            sel_pb.SelectBatchRequest(requests=[sel_pb.SelectRequest(endpoint=name) for _ in range(BATCH)])
+        )
+        await asyncio.gather(
+            *(
+                sel.Update(sel_pb.UpdateRequest(decision_id=d.decision_id, reward=REWARDS[r * BATCH + i]))
+                for i, d in enumerate(batch.decisions)
+            )
+        )
+    return BATCH * ROUNDS / (time.monotonic() - started)
+
+
+async def posterior(admin: admin_grpc.EndpointAdminServiceStub, name: str) -> ep_pb.ArmStats:
+    """The arm's posterior once every reward of the sequence is in it."""
+
+    async def read() -> ep_pb.ArmStats:
+        return (await admin.GetEndpoint(admin_pb.GetEndpointRequest(name=name))).endpoint.stats[0]
+
+    return await eventually(read, lambda s: s.pulls == BATCH * ROUNDS, timeout_s=10)
+
+
+def in_process() -> tuple[float, float]:
+    """Beta parameters of the same sequence in `ThompsonAgent`, its clock counting decisions."""
+    agent = ThompsonAgent(1, "beta", half_life_s=HALF_LIFE)
+    for r in range(ROUNDS):
+        clock = BATCH * (r + 1)
+        agent.update_many(np.zeros(BATCH, dtype=np.intp), np.asarray(REWARDS[r * BATCH : clock]), now=clock)
+    ev = agent.evidence(now=BATCH * ROUNDS)
+    return 1.0 + float(ev[0][0]), 1.0 + float(ev[1][0])
+
+
+@pytest.fixture(scope="module")
+def optimizer_process(launch_module):
+    return launch_module("optimizer")
+
+
+async def test_a_half_life_in_decisions_is_the_same_at_100_and_at_400_decisions_per_second(optimizer_process):
+    async with grpc.aio.insecure_channel(optimizer_process.address) as channel:
+        admin = admin_grpc.EndpointAdminServiceStub(channel)
+        sel = sel_grpc.SelectionServiceStub(channel)
+        rates, by_decisions, by_seconds = {}, {}, {}
+        for rate in (SLOW, FAST):
+            await admin.CreateEndpoint(one_arm(f"dec-{rate}", ep_pb.PolicySpec(half_life_decisions=HALF_LIFE)))
+            await admin.CreateEndpoint(one_arm(f"sec-{rate}", ep_pb.PolicySpec(half_life_s=HALF_LIFE / SLOW)))
+            rates[f"sec-{rate}"] = await play(sel, f"sec-{rate}", rate)
+            # Read at once: evidence in seconds keeps fading while the test goes on.
+            by_seconds[rate] = await posterior(admin, f"sec-{rate}")
+            rates[f"dec-{rate}"] = await play(sel, f"dec-{rate}", rate)
+            by_decisions[rate] = await posterior(admin, f"dec-{rate}")
+
+    alpha, beta = in_process()
+    for rate, st in by_decisions.items():
+        assert st.alpha == pytest.approx(alpha, rel=0.03), (rate, st, alpha, beta)
+        assert st.beta == pytest.approx(beta, rel=0.03), (rate, st, alpha, beta)
+    slow, fast = by_decisions[SLOW], by_decisions[FAST]
+    assert fast.effective_pulls == pytest.approx(slow.effective_pulls, rel=0.03)
+    assert fast.mean == pytest.approx(slow.mean, abs=0.01)
+    # The paces differed as intended (on a machine too busy to pace them apart this fails here).
+    for unit in ("sec", "dec"):
+        assert rates[f"{unit}-{SLOW}"] > 0.8 * SLOW and rates[f"{unit}-{FAST}"] > 2.5 * rates[f"{unit}-{SLOW}"], rates
+    # In seconds, the 400/s run remembers 4x as many decisions (2.1x the evidence over 800, and
+    # more of the first half's 0.9s).
+    assert by_seconds[FAST].effective_pulls > 1.5 * by_seconds[SLOW].effective_pulls, by_seconds
+    assert by_seconds[FAST].mean > by_seconds[SLOW].mean + 0.05, by_seconds
