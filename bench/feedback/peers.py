@@ -37,10 +37,12 @@ BENCH_DURABLE, BENCH_BATCH, BENCH_BATCH_TIMEOUT and BENCH_POOL tune the consumer
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
 from collections import defaultdict
+from typing import Any
 
 import asyncpg
 import nats
@@ -253,7 +255,11 @@ async def _faststream(per_batch: bool) -> None:
     pool = await asyncpg.create_pool(
         s["dsn"], min_size=pool_size, max_size=pool_size, server_settings={"search_path": s["schema"]}
     )
-    broker = NatsBroker(s["nats_url"], security=SASLPlaintext(username=s["user"], password=s["password"]), logger=None)
+    # BENCH_FS_LOG=1 keeps FastStream's own logging (per-message lines: for diagnosis only).
+    logger: dict[str, Any] = {} if os.environ.get("BENCH_FS_LOG") else {"logger": None}
+    if logger == {}:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stdout)
+    broker = NatsBroker(s["nats_url"], security=SASLPlaintext(username=s["user"], password=s["password"]), **logger)
     subscriber = broker.subscriber(
         s["subject"],
         stream=JStream(name=s["stream"], declare=False),
@@ -267,8 +273,12 @@ async def _faststream(per_batch: bool) -> None:
 
         @subscriber
         async def handle_batch(bodies: list[bytes]) -> None:
-            async with pool.acquire() as conn:
-                await apply_batch(conn, bodies)  # returns: all acked; raises: all nak'ed
+            try:
+                async with pool.acquire() as conn:
+                    await apply_batch(conn, bodies)  # returns: all acked; raises: all nak'ed
+            except Exception as exc:
+                print(f"batch of {len(bodies)} failed, nak'ed: {exc!r}", file=sys.stderr, flush=True)
+                raise
 
     else:
 
