@@ -54,6 +54,9 @@ def aggregate(records: list[dict[str, Any]], reference: dict[str, dict[str, Any]
             "service_regret": _mean_se(svc),
             "in_process_regret": _mean_se(ref),
             "in_process_batched_regret": _mean_se(ref_batched),
+            "uniform_random_regret": float(
+                np.mean([reference[f"{config}/seed{r['seed']}"]["regret_uniform"] for r in runs])
+            ),
             "ratio": round(ratio, 4),
             "ratio_se": None if np.isnan(se) else round(float(se), 4),
             "goal": GOALS[replicas],
@@ -86,11 +89,12 @@ def aggregate(records: list[dict[str, Any]], reference: dict[str, dict[str, Any]
 def table(figures: dict[str, Any]) -> str:
     head = (
         f"{'config':34s}{'mode':>15s}{'service':>9s}{'in-proc':>9s}{'ratio':>8s}{'+-se':>7s}{'goal':>6s}"
-        f"{'met':>5s}{'inproc_b':>9s}{'dec/s':>7s}{'p50ms':>7s}{'p99ms':>7s}{'bounce':>7s}"
+        f"{'met':>5s}{'inproc_b':>9s}{'random':>8s}{'dec/s':>7s}{'p50ms':>7s}{'p99ms':>7s}{'bounce':>7s}"
     )
     lines = [
         "mean cumulative pseudo-regret over seeds; ratio = service / in process (same reward streams);",
-        "inproc_b: in process with batches of the unpaced in-flight bound (the cost of concurrency alone)",
+        "inproc_b: in process with batches of the unpaced in-flight bound (the cost of concurrency alone);",
+        "random: the regret of uniform random choice (a row whose regrets are near it has not learned yet)",
         head,
     ]
     for r in figures["rows"].values():
@@ -98,7 +102,7 @@ def table(figures: dict[str, Any]) -> str:
         lines.append(
             f"{r['config']:34s}{r['mode']:>15s}{r['service_regret']['mean']:9.1f}{r['in_process_regret']['mean']:9.1f}"
             f"{r['ratio']:8.3f}{se}{r['goal']:6.2f}{'yes' if r['goal_met'] else 'NO':>5s}"
-            f"{r['in_process_batched_regret']['mean']:9.1f}{r['decisions_per_s']:7.0f}{r['select_p50_ms']:7.1f}"
+            f"{r['in_process_batched_regret']['mean']:9.1f}{r['uniform_random_regret']:8.1f}{r['decisions_per_s']:7.0f}{r['select_p50_ms']:7.1f}"
             f"{r['select_p99_ms']:7.1f}{r['bounces']:7.0f}"
         )
     lines += [

@@ -54,8 +54,9 @@ FULL: dict[str, Any] = {
     "replicas": [1, 2],
     "reference_reps": 20,
     "checkpoints": 20,
+    "seed_offset": 0,
 }
-QUICK: dict[str, Any] = {**FULL, "seeds": 1, "horizon": 600, "reference_reps": 10}
+QUICK: dict[str, Any] = {**FULL, "seeds": 1, "horizon": 1000, "reference_reps": 10}
 
 
 def modes(params: dict[str, Any]) -> list[Mode]:
@@ -64,6 +65,10 @@ def modes(params: dict[str, Any]) -> list[Mode]:
         out.append(Mode(replicas, params["rate"], params["in_flight_paced"]))
         out.append(Mode(replicas, None, params["in_flight_unpaced"]))
     return out
+
+
+def seeds_of(params: dict[str, Any]) -> range:
+    return range(params["seed_offset"], params["seed_offset"] + params["seeds"])
 
 
 def half_life_of(world: str, params: dict[str, Any]) -> float:
@@ -83,7 +88,7 @@ def reference(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     marks = marks_of(params)
     for reward in params["rewards"]:
         for k in params["arms"]:
-            for seed in range(params["seeds"]):
+            for seed in seeds_of(params):
                 for name in params["worlds"]:
                     w = make_world(name, reward, k, seed, params["horizon"], params["gap"], params["max_delay"])
                     hl = half_life_of(name, params)
@@ -98,6 +103,7 @@ def reference(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
                         # the spread of one run's regret: the noise of one service run, if it behaved alike
                         "regret_sd": float(np.std([c[-1] for c in cums], ddof=1)),
                         "regret_batched": float(np.mean(batched)),
+                        "regret_uniform": float((w.means.max(axis=1) - w.means.mean(axis=1)).sum()),
                         "curve": curve[marks].tolist(),
                     }
     return out
@@ -124,7 +130,7 @@ async def serve(params: dict[str, Any], keep: bool) -> list[dict[str, Any]]:
             stack.scale(mode.replicas)
             log(f"mode {mode.name}: {len(stack.replicas)} optimizer replica(s)")
             for reward in params["rewards"]:
-                for seed in range(params["seeds"]):
+                for seed in seeds_of(params):
                     for k in params["arms"]:
                         for name in params["worlds"]:
                             w = make_world(name, reward, k, seed, params["horizon"], params["gap"], params["max_delay"])
@@ -185,9 +191,10 @@ def headline(figures: dict[str, Any]) -> tuple[dict[str, float], dict[str, float
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one seed, T = 600 (about 3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="one seed, T = 1000 (about 4 minutes)")
     ap.add_argument("--seeds", type=int, help="override the number of seeds")
     ap.add_argument("--horizon", type=int, help="override the horizon T")
+    ap.add_argument("--seed-offset", type=int, help="first world seed (runs with other seeds add evidence)")
     ap.add_argument("--arms", type=lambda s: [int(a) for a in s.split(",")], help="override the arm counts: 2,10")
     ap.add_argument("--worlds", type=lambda s: s.split(","), help=f"a subset of {','.join(WORLDS)}")
     ap.add_argument("--replicas", type=lambda s: [int(a) for a in s.split(",")], help="1,2")
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.optimizer_commit and MARK not in os.environ:
         reexec_at(args.optimizer_commit)
     params: dict[str, Any] = dict(QUICK if args.quick else FULL)
-    for key in ("seeds", "horizon", "arms", "worlds", "replicas"):
+    for key in ("seeds", "horizon", "arms", "worlds", "replicas", "seed_offset"):
         if getattr(args, key):
             params[key] = getattr(args, key)
     if args.gaussian:
