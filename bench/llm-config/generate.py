@@ -1,5 +1,7 @@
 """Generate the llm-config table: every config of a small LLM search space scored on every test
 case, with per-case noise. Deterministic (seed 2024); writes table.csv next to this file.
+``build(seed)`` makes the same kind of table in memory for another seed (bench/llm-config/run.py
+scores held-out tables made that way: seed 2024 is the table Flywheel's search was tuned on).
 
     python bench/llm-config/generate.py
 
@@ -59,8 +61,9 @@ def quality(model: str, prompt: str, temperature: float, max_tokens: int, top_p:
     return q + {0.8: 0.05, 0.9: 0.1, 1.0: 0.0}[top_p]
 
 
-def main() -> None:
-    rng = np.random.default_rng(SEED)
+def build(seed: int = SEED) -> tuple[list[tuple], np.ndarray]:
+    """Every config and its per-case scores (rows: configs, columns: cases) for one seed."""
+    rng = np.random.default_rng(seed)
     configs = list(itertools.product(MODELS, PROMPTS, TEMPERATURES, MAX_TOKENS, TOP_P))
     d = rng.normal(0.0, 0.8, N_CASES)
     reasoning = np.arange(N_CASES) % 3 == 0
@@ -68,7 +71,12 @@ def main() -> None:
     q = np.array([quality(*c) for c in configs])
     cot = np.array([c[1] == "cot" for c in configs], dtype=float)
     logits = q[:, None] - d[None, :] + cot[:, None] * g[None, :] + rng.normal(0.0, 1.0, (len(configs), N_CASES))
-    scores = 1.0 / (1.0 + np.exp(-logits))
+    # Rounded as the CSV stores them, so an in-memory table equals a written one.
+    return configs, np.round(1.0 / (1.0 + np.exp(-logits)), 3)
+
+
+def main() -> None:
+    configs, scores = build(SEED)
     with (HERE / "table.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow([*PARAMS, *(f"case-{j:02d}" for j in range(N_CASES))])
