@@ -68,6 +68,12 @@ SERVER_CPU = 1
 LOADGEN_CPU = 0
 SERVICE = "flywheel.api.optimizer.v1.SelectionService"
 ENDPOINT = "bench"
+# The same three arms with segment_key="lang": the request's context (lang=en) names its segment,
+# so Select goes through the segment cache (segment_cache.py) instead of the endpoint's snapshot.
+SEGMENTED_ENDPOINT = "bench_segmented"
+SEGMENT_KEY = "lang"
+# Segmented Select's latency against the unsegmented one's, at the same offered rate (issue 19).
+SEGMENTED_P50_GOAL = 1.5
 USER_ID = "u-1"
 CONTEXT = {"lang": "en"}
 BATCH = 100
@@ -77,7 +83,15 @@ FIT_SELECTS = 300
 GOALS = {"flywheel_vs_grpc_echo": 0.85, "flywheel_vs_mabwiser": 1.1, "flywheel_vs_convergence": 2.0}
 # The Convergence on the server kind fastest for it (the headline) and on the other one.
 CONVERGENCE_OTHER = "sync" if peers.CONVERGENCE_SERVER == "aio" else "aio"
-TARGETS = ("flywheel", "grpc_echo_aio", "grpc_echo_sync", "mabwiser", "convergence", f"convergence_{CONVERGENCE_OTHER}")
+TARGETS = (
+    "flywheel",
+    "flywheel_segmented",
+    "grpc_echo_aio",
+    "grpc_echo_sync",
+    "mabwiser",
+    "convergence",
+    f"convergence_{CONVERGENCE_OTHER}",
+)
 # The optimizer's gRPC server: its default (grpcio's thread-pool server) unless
 # FLYWHEEL_OPTIMIZER_GRPC_SERVER says otherwise; the goal's echo and MABWiser's server follow it.
 FLAVOUR = os.environ.get("FLYWHEEL_OPTIMIZER_GRPC_SERVER", OptimizerSettings.model_fields["grpc_server"].default)
@@ -182,8 +196,8 @@ def grpc_frame(message: Any) -> bytes:
     return b"\x00" + len(body).to_bytes(4, "big") + body
 
 
-def select_request() -> sel_pb.SelectRequest:
-    request = sel_pb.SelectRequest(endpoint=ENDPOINT, user_id=USER_ID)
+def select_request(endpoint: str = ENDPOINT) -> sel_pb.SelectRequest:
+    request = sel_pb.SelectRequest(endpoint=endpoint, user_id=USER_ID)
     request.context.update(CONTEXT)
     return request
 
@@ -225,6 +239,12 @@ class H2load:
         self.select_body.write_bytes(grpc_frame(select_request()))
         self.batch_body = work / "select_batch.bin"
         self.batch_body.write_bytes(grpc_frame(sel_pb.SelectBatchRequest(requests=[select_request()] * BATCH)))
+        # The segmented endpoint's requests (the flywheel_segmented target).
+        self.segmented_bodies = {"Select": work / "select_segmented.bin", "SelectBatch": work / "batch_segmented.bin"}
+        self.segmented_bodies["Select"].write_bytes(grpc_frame(select_request(SEGMENTED_ENDPOINT)))
+        self.segmented_bodies["SelectBatch"].write_bytes(
+            grpc_frame(sel_pb.SelectBatchRequest(requests=[select_request(SEGMENTED_ENDPOINT)] * BATCH))
+        )
 
     def run(
         self,
@@ -238,7 +258,10 @@ class H2load:
         headers: dict[str, str] | None = None,
         log_latency: bool = False,
         body: Path | None = None,
+        endpoint: str = ENDPOINT,
     ) -> H2Result:
+        if body is None and endpoint == SEGMENTED_ENDPOINT:
+            body = self.segmented_bodies[method]
         body = body or (self.select_body if method == "Select" else self.batch_body)
         log_file = self.work / "h2load-requests.tsv"
         cmd = ["taskset", "-c", str(LOADGEN_CPU), self.binary, "-t", "1", "-c", str(clients), "-m", str(streams)]
@@ -297,6 +320,7 @@ class Target:
 
     name: str
     headers: dict[str, str] = {}
+    endpoint = ENDPOINT  # the endpoint its requests name
 
     def __init__(self, work: Path) -> None:
         self.work = work
@@ -406,15 +430,21 @@ class FlywheelTarget(Target):
                 arm.params.update(params)
                 arms.append(arm)
             admin.CreateEndpoint(
-                admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name=ENDPOINT, arms=arms)), metadata=md
+                admin_pb.CreateEndpointRequest(
+                    endpoint=ep_pb.Endpoint(name=self.endpoint, arms=arms, policy=self.policy())
+                ),
+                metadata=md,
             )
             stub = sel_grpc.SelectionServiceStub(channel)
             rng = np.random.default_rng(3)
-            chosen = [stub.Select(select_request(), metadata=md) for _ in range(FIT_SELECTS)]
+            chosen = [stub.Select(select_request(self.endpoint), metadata=md) for _ in range(FIT_SELECTS)]
             for d in chosen:
                 reward = float(rng.random() < peers.RATES[d.arm_id])
                 stub.Update(sel_pb.UpdateRequest(decision_id=d.decision_id, reward=reward), metadata=md, timeout=10)
         time.sleep(1.0)  # one posterior refresh (0.5 s) so the snapshot reflects the feedback
+
+    def policy(self) -> ep_pb.PolicySpec:
+        return ep_pb.PolicySpec()
 
     def counts(self) -> dict[str, int]:
         assert self.proc is not None
@@ -458,14 +488,26 @@ class FlywheelTarget(Target):
     _log_lines_seen = 0
 
 
+class FlywheelSegmentedTarget(FlywheelTarget):
+    """The same optimizer (a process of its own on the same stack) serving an endpoint with a
+    ``segment_key``: every request is in segment ``lang=en``, whose snapshot the segment cache
+    holds after the first Select (one segment or many cost the same lookup per Select)."""
+
+    name = "flywheel_segmented"
+    endpoint = SEGMENTED_ENDPOINT
+
+    def policy(self) -> ep_pb.PolicySpec:
+        return ep_pb.PolicySpec(segment_key=SEGMENT_KEY)
+
+
 def check_responses(target: Target) -> None:
     """A Python client's Select and SelectBatch: gRPC OK, a known arm, a decision id."""
     with grpc.insecure_channel(target.address) as channel:
         stub = sel_grpc.SelectionServiceStub(channel)
         md = target.metadata()
-        one = stub.Select(select_request(), metadata=md, timeout=10)
+        one = stub.Select(select_request(target.endpoint), metadata=md, timeout=10)
         batch = stub.SelectBatch(
-            sel_pb.SelectBatchRequest(requests=[select_request()] * BATCH), metadata=md, timeout=30
+            sel_pb.SelectBatchRequest(requests=[select_request(target.endpoint)] * BATCH), metadata=md, timeout=30
         )
     for d in [one, *batch.decisions]:
         if d.arm_id not in peers.ARMS or not d.decision_id or dict(d.params) == {}:
@@ -567,7 +609,7 @@ def run_target(target: Target, h2: H2load, p: Params, latency_rate: float | None
         pin_tree(target.pid, {SERVER_CPU})
         check_responses(target)
         md = dict(target.headers)
-        sat = dict(seconds=p.saturate_s, clients=p.clients, streams=p.streams, headers=md)
+        sat = dict(seconds=p.saturate_s, clients=p.clients, streams=p.streams, headers=md, endpoint=target.endpoint)
         h2.run(target.port, **{**sat, "seconds": p.warmup_s})
         phase = measure(target, "select", lambda: h2.run(target.port, **sat))
         out: dict[str, Any] = {
@@ -590,6 +632,7 @@ def run_target(target: Target, h2: H2load, p: Params, latency_rate: float | None
                 rps_per_client=per_client,
                 headers=md,
                 log_latency=True,
+                endpoint=target.endpoint,
             ),
         )
         out["latency"] = {
@@ -609,6 +652,7 @@ def run_target(target: Target, h2: H2load, p: Params, latency_rate: float | None
                 clients=p.batch_clients,
                 streams=p.batch_streams,
                 headers=md,
+                endpoint=target.endpoint,
             ),
         )
         out["batch"] = {
@@ -701,8 +745,10 @@ def main(argv: list[str] | None = None) -> int:
         env = start_stack(servers, "bsel", schema)
         h2 = H2load(h2load_bin, work)
         flywheel = FlywheelTarget(work, env)
+        segmented = FlywheelSegmentedTarget(work, env)
         make: dict[str, Callable[[], Target]] = {
             "flywheel": lambda: flywheel,
+            "flywheel_segmented": lambda: segmented,
             "grpc_echo_aio": lambda: PeerTarget(work, "grpc_echo_aio", "echo", "aio"),
             "grpc_echo_sync": lambda: PeerTarget(work, "grpc_echo_sync", "echo", "sync"),
             "mabwiser": lambda: PeerTarget(work, "mabwiser", "mabwiser", FLAVOUR),
@@ -739,14 +785,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"work folder kept: {work}", file=sys.stderr)
 
     figures: dict[str, Any] = summarize(rounds, targets)
-    made = sum(r["flywheel"]["decisions_made"] for r in rounds)
-    failures = sum(r["flywheel"].get("decision_flush_failures", 0) for r in rounds)
+    # Both optimizer targets write to the same decisions table.
+    ours = [r[t] for r in rounds for t in ("flywheel", "flywheel_segmented") if t in r]
+    made = sum(x["decisions_made"] for x in ours)
+    failures = sum(x.get("decision_flush_failures", 0) for x in ours)
     figures["flywheel_decision_log"] = {
         "decisions_made": made,
         "rows_in_postgresql": logged,
         "flush_failures_logged": failures,
         "first_flush_error": next(
-            (e for r in rounds if (e := r["flywheel"].get("decision_flush_first_error"))),
+            (e for x in ours if (e := x.get("decision_flush_first_error"))),
             "",
         ),
         "complete": logged == made and failures == 0,
@@ -758,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     for ratio, peer in RATIO_PEERS.items():
         if peer in figures:
             ratios[ratio] = fly["select_rps"] / figures[peer]["select_rps"]
-    for peer in targets[1:]:
+    for peer in [t for t in targets[1:] if t != "flywheel_segmented"]:
         ratios[f"flywheel_vs_{peer}_batch_decisions"] = (
             fly["select_batch_decisions_per_s"] / figures[peer]["select_batch_decisions_per_s"]
         )
@@ -773,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
         if peer in figures
     }
     figures["goals_met"] = {k: bool(ratios.get(k, 0) >= v) for k, v in GOALS.items() if k in ratios}
+    if "flywheel_segmented" in figures:
+        figures["segmented_vs_unsegmented"] = segmented_comparison(figures)
     figures["seconds"] = round(time.monotonic() - started, 1)
     result = {
         "name": "select",
@@ -784,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             "infrastructure_cpu": LOADGEN_CPU,
             "batch_size": BATCH,
             "request": {"endpoint": ENDPOINT, "user_id": USER_ID, "context": CONTEXT},
+            "segmented_endpoint": {"name": SEGMENTED_ENDPOINT, "segment_key": SEGMENT_KEY},
             "arms": peers.ARMS,
             "flywheel_auth": "bearer token (checked on every call)",
             "flywheel_grpc_server": FLAVOUR,
@@ -801,6 +852,24 @@ def main(argv: list[str] | None = None) -> int:
     print(render(result, targets))
     benchstamp.write_results("select", result, out=args.out)
     return 0
+
+
+def segmented_comparison(figures: dict[str, Any]) -> dict[str, Any]:
+    """Segmented Select beside unsegmented: latency at the common rate (same round pick as the
+    table), saturated Select/s and CPU per Select, each as segmented / unsegmented."""
+    seg, flat = figures["flywheel_segmented"], figures["flywheel"]
+    ls, lf = seg["latency_at_common_rate"], flat["latency_at_common_rate"]
+    out = {
+        "p50_ms": [ls.get("p50_ms"), lf.get("p50_ms")],
+        "p99_ms": [ls.get("p99_ms"), lf.get("p99_ms")],
+        "p50_ratio": ls.get("p50_ms", float("nan")) / lf.get("p50_ms", float("nan")),
+        "p99_ratio": ls.get("p99_ms", float("nan")) / lf.get("p99_ms", float("nan")),
+        "select_rps_ratio": seg["select_rps"] / flat["select_rps"],
+        "cpu_us_per_select_ratio": seg["cpu_us_per_select"] / flat["cpu_us_per_select"],
+        "p50_goal": SEGMENTED_P50_GOAL,
+    }
+    out["p50_goal_met"] = bool(out["p50_ratio"] <= SEGMENTED_P50_GOAL)
+    return out
 
 
 def render(result: dict[str, Any], targets: list[str]) -> str:
@@ -841,6 +910,16 @@ def render(result: dict[str, Any], targets: list[str]) -> str:
         met = "" if goal is None else ("yes" if value >= goal else "NO")
         cn = f"{norm[name]:8.3f}" if name in norm else f"{'':>8}"
         lines.append(f"{name:<44} {value:7.3f} {cn} {'' if goal is None else f'{goal:6.2f}':>6}  {met}")
+    if "segmented_vs_unsegmented" in f:
+        c = f["segmented_vs_unsegmented"]
+        lines += [
+            "",
+            f"segmented endpoint (segment_key={SEGMENT_KEY!r}) / unsegmented, at the common rate: "
+            f"p50 {c['p50_ms'][0]:.2f} / {c['p50_ms'][1]:.2f} ms = {c['p50_ratio']:.2f}x "
+            f"(goal <= {c['p50_goal']:g}x: {'met' if c['p50_goal_met'] else 'NOT met'}), "
+            f"p99 {c['p99_ms'][0]:.2f} / {c['p99_ms'][1]:.2f} ms = {c['p99_ratio']:.2f}x; "
+            f"Select/s {c['select_rps_ratio']:.2f}x, CPU per Select {c['cpu_us_per_select_ratio']:.2f}x",
+        ]
     lines.append(f"({f['seconds']} s)")
     return "\n".join(lines)
 
