@@ -16,6 +16,7 @@ import asyncio
 import random
 import time
 
+import asyncpg
 import grpc
 import numpy as np
 import pytest
@@ -89,7 +90,8 @@ def in_process() -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def optimizer_process(launch_module):
-    return launch_module("optimizer")
+    # The lifecycle tick drops expired window buckets: often, for the window test.
+    return launch_module("optimizer", env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3"})
 
 
 async def test_a_half_life_in_decisions_is_the_same_at_100_and_at_400_decisions_per_second(optimizer_process):
@@ -120,3 +122,48 @@ async def test_a_half_life_in_decisions_is_the_same_at_100_and_at_400_decisions_
     # more of the first half's 0.9s).
     assert by_seconds[FAST].effective_pulls > 1.5 * by_seconds[SLOW].effective_pulls, by_seconds
     assert by_seconds[FAST].mean > by_seconds[SLOW].mean + 0.05, by_seconds
+
+
+async def test_a_window_in_decisions_counts_the_feedback_of_the_last_window_decisions(
+    optimizer_process, servers, launch_module
+):
+    """window_decisions=100 (buckets of 5): after 300 decisions in rounds of 20, each round's
+    feedback applied at clock 20, 40, ..., 300, the window holds the rounds applied at clock
+    200 and later: 6 rounds, 120 rewards, whatever the pace."""
+    async with grpc.aio.insecure_channel(optimizer_process.address) as channel:
+        admin = admin_grpc.EndpointAdminServiceStub(channel)
+        sel = sel_grpc.SelectionServiceStub(channel)
+        await admin.CreateEndpoint(one_arm("windowed", ep_pb.PolicySpec(window_decisions=100)))
+        for r in range(15):
+            batch = await sel.SelectBatch(
+                sel_pb.SelectBatchRequest(requests=[sel_pb.SelectRequest(endpoint="windowed") for _ in range(20)])
+            )
+            # Written by then (the log flushes every 20 ms), so the clock is 20 (r + 1) at the feedback
+            # even if a flush split the batch.
+            await asyncio.sleep(0.1)
+            # Rewards 1 in rounds 0-11, then 0: the window sees 3 rounds of each.
+            reward = float(r < 12)
+            await asyncio.gather(
+                *(sel.Update(sel_pb.UpdateRequest(decision_id=d.decision_id, reward=reward)) for d in batch.decisions)
+            )
+        st = await eventually(
+            lambda: admin.GetEndpoint(admin_pb.GetEndpointRequest(name="windowed")),
+            lambda got: got.endpoint.stats[0].pulls == 300,
+            timeout_s=10,
+        )
+    arm = st.endpoint.stats[0]
+    assert arm.effective_pulls == pytest.approx(120)
+    assert (arm.alpha, arm.beta) == (pytest.approx(1 + 60), pytest.approx(1 + 60))
+    # The clock counted every decision once; the lifecycle deleted the buckets out of the window.
+    conn = await asyncpg.connect(
+        servers.postgres.url, server_settings={"search_path": launch_module.isolation["schema"]}
+    )
+    try:
+        assert await conn.fetchval("SELECT decisions_total FROM endpoints WHERE name = 'windowed'") == 300
+
+        async def oldest() -> int:
+            return await conn.fetchval("SELECT min(bucket) FROM arm_stats WHERE endpoint = 'windowed'")
+
+        await eventually(oldest, lambda bucket: bucket >= 200, timeout_s=10)
+    finally:
+        await conn.close()
