@@ -64,6 +64,8 @@ def aggregate(records: list[dict[str, Any]], reference: dict[str, dict[str, Any]
             "bounces": float(sum(r["bounces"] for r in runs)),
             "feedback_retries": float(sum(r["retries"] for r in runs)),
             "decisions_per_s": round(float(np.mean([r["decisions_per_s"] for r in runs])), 1),
+            # Little's law: Selects outstanding on average (what a batch size is to the policy in process)
+            "mean_in_flight": round(float(np.mean([r["decisions_per_s"] for r in runs]) * select_ms.mean() / 1e3), 1),
             "select_p50_ms": round(float(np.percentile(select_ms, 50)), 2),
             "select_p99_ms": round(float(np.percentile(select_ms, 99)), 2),
             "half_life": runs[0]["half_life"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -162,6 +163,7 @@ async def serve(params: dict[str, Any], keep: bool) -> list[dict[str, Any]]:
                                     "applied": result.applied,
                                     "feedback_failed": result.feedback_failed,
                                     "half_life": hl,
+                                    "arms": result.arms.tolist(),
                                 }
                             )
                             log(
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "service-regret.json")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--records", type=Path, help="also write every run with the arm of each decision (JSON lines)")
     ap.add_argument(
         "--optimizer-commit",
         metavar="REV",
@@ -231,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     ref = reference(params)
     ref_s = time.perf_counter() - started
     records = asyncio.run(serve(params, args.keep))
+    if args.records:  # every decision's arm, for looking into one run
+        args.records.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for r in records:
+        del r["arms"]
     figures = aggregate(records, ref)
     figures["seconds"] = {"total": round(time.perf_counter() - started, 1), "in_process": round(ref_s, 1)}
     figures["feedback_applied_all"] = all(r["applied"] >= params["horizon"] for r in records)
