@@ -87,7 +87,8 @@ class ArmLifecycle:
             if not locked:
                 return  # another replica judges this tick
             changed = set()
-            for snap in self._cache.snapshots():
+            # In name order, as the decision log locks endpoint rows: no deadlock between them.
+            for snap in sorted(self._cache.snapshots(), key=lambda s: s.name):
                 if snap.incumbent != snap.stored_incumbent:
                     await service.set_incumbent(session, endpoint=snap.name, arm_id=snap.incumbent)
                     changed.add(snap.name)
