@@ -53,8 +53,8 @@ class SegmentSnapshot:
 
     endpoint: str
     segment: str
-    arm_ids: tuple[str, ...]
-    statuses: tuple[str, ...]
+    arm_ids: list[str]  # lists, as the endpoint snapshot's: compared on every Select
+    statuses: list[str]
     own: Stats
     prior: Stats
     probabilities: np.ndarray
@@ -72,7 +72,7 @@ class SegmentSnapshot:
             )
         )
 
-    def fits_arms(self, arm_ids: tuple[str, ...], statuses: tuple[str, ...]) -> bool:
+    def fits_arms(self, arm_ids: list[str], statuses: list[str]) -> bool:
         return self.arm_ids == arm_ids and self.statuses == statuses
 
     @property
@@ -81,7 +81,7 @@ class SegmentSnapshot:
 
     def fits(self, snap: EndpointSnapshot) -> bool:
         """Built for this endpoint's arms as they are now (else its indexes would be wrong)."""
-        return self.fits_arms(tuple(snap.arm_ids), tuple(snap.statuses))
+        return self.fits_arms(snap.arm_ids, snap.statuses)
 
 
 def _arrays(entry: SegmentSnapshot) -> tuple[np.ndarray, ...]:
@@ -301,8 +301,7 @@ class SegmentCache:
         basis = (tuple(snap.caps.tolist()), snap.policy)
         old = self._entries.get((snap.name, segment)) if reuse else None
         if old is not None:
-            new = replace(old, own=own, prior=prior, basis=basis, arm_ids=tuple(snap.arm_ids))
-            new = replace(new, statuses=tuple(snap.statuses))
+            new = replace(old, own=own, prior=prior, basis=basis, arm_ids=snap.arm_ids, statuses=snap.statuses)
             if old.same(new):
                 return replace(old, read_at=read_at)
         total = Stats(own.w + prior.w, own.s + prior.s, own.ss + prior.ss)
@@ -310,8 +309,8 @@ class SegmentCache:
         return SegmentSnapshot(
             endpoint=snap.name,
             segment=segment,
-            arm_ids=tuple(snap.arm_ids),
-            statuses=tuple(snap.statuses),
+            arm_ids=list(snap.arm_ids),
+            statuses=list(snap.statuses),
             own=own,
             prior=prior,
             probabilities=p,
