@@ -139,8 +139,9 @@ class Selector:
         context: dict[str, Any] | None = None,
         context_struct: Struct | None = None,
     ) -> Decision | None:
-        """The decision without awaiting, when the cached snapshot's own distribution is the one to
-        sample (no segment, session or context features involved); None means: use ``select``."""
+        """The decision without awaiting, when a cached distribution is the one to sample: the
+        endpoint's, or its segment's once the segment cache holds it (no sticky session, no
+        context features); None means: use ``select``."""
         snap = self._cache.cached(endpoint) if endpoint else None
         if snap is None:
             return None
