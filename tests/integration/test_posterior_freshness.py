@@ -219,3 +219,43 @@ async def test_a_read_older_than_a_fold_keeps_it_and_a_newer_one_does_not_count_
         assert w(cache.cached("bot")) == 2
     finally:
         await engine.dispose()
+
+
+async def test_a_segment_selects_from_its_own_feedback_at_once(launch):
+    """A segmented endpoint: feedback committed on this replica is folded into the cached
+    segment too, so the segment's next Select has it (no refresh within the test)."""
+    from google.protobuf.struct_pb2 import Struct
+
+    from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
+
+    optimizer = launch("optimizer", env={**SLOW_REFRESH, "FLYWHEEL_OPTIMIZER_POSTERIOR_NOTIFY": "false"})
+
+    def in_segment(lang: str) -> sel_pb.SelectRequest:
+        context = Struct()
+        context.update({"lang": lang})
+        return sel_pb.SelectRequest(endpoint="by-segment", context=context)
+
+    async def p_arm(sel: sel_grpc.SelectionServiceStub, lang: str, arm: str, n: int = 10) -> float:
+        seen = [r.probability for r in [await sel.Select(in_segment(lang)) for _ in range(n)] if r.arm_id == arm]
+        return max(seen, default=0.0)
+
+    async with grpc.aio.insecure_channel(optimizer.address) as channel:
+        admin = admin_grpc.EndpointAdminServiceStub(channel)
+        sel = sel_grpc.SelectionServiceStub(channel)
+        request = three_arm_endpoint("by-segment")
+        request.endpoint.policy.CopyFrom(ep_pb.PolicySpec(segment_key="lang"))
+        await admin.CreateEndpoint(request)
+        # Both segments are cached from their first Select on, with no evidence yet.
+        assert await p_arm(sel, "en", "small", 30) < 0.6
+        assert await p_arm(sel, "de", "large", 30) < 0.6
+        # English users like "small", German users "large".
+        best = {"en": "small", "de": "large"}
+        for lang in ("en", "de"):
+            made = [await sel.Select(in_segment(lang)) for _ in range(60)]
+            await asyncio.sleep(0.1)  # the decision log's flush
+            for d in made:
+                reward = 1.0 if d.arm_id == best[lang] else 0.0
+                await sel.Update(sel_pb.UpdateRequest(decision_id=d.decision_id, reward=reward))
+        # The 60 s refresh has not run: only folds can explain these.
+        assert await p_arm(sel, "de", "large") > 0.9
+        assert await p_arm(sel, "en", "small") > 0.9

@@ -82,6 +82,8 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         refresh_interval_s=settings.refresh_interval_s,
         max_segments=settings.max_cached_segments,
     )
+    if settings.posterior_fold:
+        cache.fold_segments_into(segments.fold_many)
     selector = Selector(cache, decisions, StickySessions(database.sessions), segments)
     lifecycle = ArmLifecycle(database.sessions, cache, interval_s=settings.lifecycle_interval_s)
 

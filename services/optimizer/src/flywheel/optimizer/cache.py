@@ -97,6 +97,8 @@ class PosteriorCache:
         self.replica = replica
         # Tells the other replicas to reload an endpoint (after an administrative change here).
         self._announce = announce
+        # Where a transaction's per-segment increments go (``SegmentCache.fold_many``), if any.
+        self._segment_folds: Callable[..., int] | None = None
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._entries: dict[str, _Entry] = {}
         # When each snapshot's read began (monotonic), and the reload in flight per endpoint:
@@ -303,10 +305,17 @@ class PosteriorCache:
 
     # --- folds ---------------------------------------------------------------------------
 
+    def fold_segments_into(self, fold_many: Callable[..., int]) -> None:
+        """Also hand each committed batch's per-segment increments to ``fold_many``
+        (``SegmentCache.fold_many``), so cached segments learn this replica's feedback at once."""
+        self._segment_folds = fold_many
+
     def committed(self, batch: FoldBatch) -> None:
         """This replica's feedback transaction committed: fold its increments in now."""
         for name, f in batch.folds().items():
             self._fold(name, f, "own")
+        if self._segment_folds is not None and batch.segments:
+            self._segment_folds(batch.segments, committed_at=time.monotonic())
 
     def notice(self, notice: Notice) -> None:
         """Another replica's notification: fold its increments, or reload the endpoint."""
