@@ -338,8 +338,8 @@ class PolicySpec(_message.Message):
     """
     segment_key: _builtins.str
     """Per-segment posteriors: the context key naming the segment ("user_id" means the
-    request's user). Empty disables. A segment borrows the endpoint's posterior as its
-    prior, worth at most segment_prior_strength pulls (default 10).
+    request's user). Empty disables. A segment borrows from the other segments as much as
+    they are shown to agree, at most segment_prior_strength pulls (default 10).
     """
     segment_prior_strength: _builtins.float
     sticky_sessions: _builtins.bool
