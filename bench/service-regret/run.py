@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one seed, T = 1000 (about 4 minutes)")
     ap.add_argument("--seeds", type=int, help="override the number of seeds")
     ap.add_argument("--horizon", type=int, help="override the horizon T")
+    ap.add_argument("--rate", type=float, help="decisions/s of the paced modes (default 200)")
     ap.add_argument("--seed-offset", type=int, help="first world seed (runs with other seeds add evidence)")
     ap.add_argument("--arms", type=lambda s: [int(a) for a in s.split(",")], help="override the arm counts: 2,10")
     ap.add_argument("--worlds", type=lambda s: s.split(","), help=f"a subset of {','.join(WORLDS)}")
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.optimizer_commit and MARK not in os.environ:
         reexec_at(args.optimizer_commit)
     params: dict[str, Any] = dict(QUICK if args.quick else FULL)
-    for key in ("seeds", "horizon", "arms", "worlds", "replicas", "seed_offset"):
+    for key in ("seeds", "horizon", "arms", "worlds", "replicas", "seed_offset", "rate"):
         if getattr(args, key):
             params[key] = getattr(args, key)
     if args.gaussian:
