@@ -797,6 +797,17 @@ def versions(postgres_version: str) -> dict[str, Any]:
     return {"nats_server": nats_version, "postgresql": postgres_version}
 
 
+def code_under_test() -> dict[str, Any]:
+    """Where the optimizer's code came from: its package folder, and BENCH_CODE_COMMIT when the
+    run took libs and services from an export of that commit (first on PYTHONPATH)."""
+    import flywheel.optimizer
+
+    return {
+        "optimizer_package": str(Path(flywheel.optimizer.__file__).parent),
+        "commit": os.environ.get("BENCH_CODE_COMMIT"),
+    }
+
+
 def ratios_of(f: dict[str, Any]) -> dict[str, Any]:
     """Flywheel's rate over each peer's: per round (measured side by side in that round), and
     their geometric mean; the headline is against the best batched peer."""
@@ -921,6 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     result = {
         "machine": versions(run.postgres_version),
+        "code_under_test": code_under_test(),
         "params": {
             "quick": args.quick,
             "seed": args.seed,
