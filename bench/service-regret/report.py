@@ -29,8 +29,9 @@ def aggregate(records: list[dict[str, Any]], reference: dict[str, dict[str, Any]
 
     The ratio is mean service regret over mean in-process regret across seeds. Its standard
     error is the one it would have if the service behaved like the policy in process: the
-    spread of one in-process run's regret (over sampling seeds, per world seed) over the
-    number of seeds, relative to the in-process mean. A ratio within about two of these of
+    spread of one in-process run's regret (over sampling seeds, per world seed), for one
+    service run and the reference's mean of ``reps`` runs per seed, over the number of seeds,
+    relative to the in-process mean. A ratio within about two of these of
     1.0 cannot tell the service from the policy in process."""
     groups: defaultdict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
@@ -43,7 +44,10 @@ def aggregate(records: list[dict[str, Any]], reference: dict[str, dict[str, Any]
         sds = [reference[f"{config}/seed{r['seed']}"]["regret_sd"] for r in runs]
         ref_mean = float(np.mean(ref))
         ratio = float(np.mean(svc)) / ref_mean if ref_mean > 0 else float("nan")
-        se = float(np.sqrt(np.sum(np.square(sds)))) / len(sds) / ref_mean if ref_mean > 0 else float("nan")
+        reps = reference[f"{config}/seed{runs[0]['seed']}"]["reps"]
+        # one service run per seed (variance sd^2) against a mean of ``reps`` in-process runs (sd^2 / reps)
+        var = float(np.sum(np.square(sds))) * (1 + 1 / reps)
+        se = float(np.sqrt(var)) / len(sds) / ref_mean if ref_mean > 0 else float("nan")
         replicas = runs[0]["replicas"]
         select_ms = np.concatenate([np.asarray(r["select_ms_sample"]) for r in runs])
         rows[f"{config}/{mode}"] = {

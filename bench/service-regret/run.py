@@ -57,7 +57,7 @@ FULL: dict[str, Any] = {
     "checkpoints": 20,
     "seed_offset": 0,
 }
-QUICK: dict[str, Any] = {**FULL, "seeds": 1, "horizon": 1000, "reference_reps": 10}
+QUICK: dict[str, Any] = {**FULL, "seeds": 1, "horizon": 1000, "reference_reps": 30}
 
 
 def modes(params: dict[str, Any]) -> list[Mode]:
@@ -103,6 +103,7 @@ def reference(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
                         "regret": float(curve[-1]),
                         # the spread of one run's regret: the noise of one service run, if it behaved alike
                         "regret_sd": float(np.std([c[-1] for c in cums], ddof=1)),
+                        "reps": len(cums),
                         "regret_batched": float(np.mean(batched)),
                         "regret_uniform": float((w.means.max(axis=1) - w.means.mean(axis=1)).sum()),
                         "curve": curve[marks].tolist(),
