@@ -121,8 +121,11 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("run time (s)", ("seconds",)),
     ],
     "llm-config": [
-        ("mean evaluations to target, Flywheel", ("flywheel", "mean_evaluations_to_target")),
-        ("mean evaluations to target, Optuna TPE", ("optuna_tpe", "mean_evaluations_to_target")),
+        *(
+            (f"mean evaluations to target on {table}, {label}", ("tables", table, method, "mean_evaluations_to_target"))
+            for table in ("tuning", "a-7101", "a-7102", "a-7103", "b-7201", "b-7202", "b-7203")
+            for method, label in (("flywheel", "Flywheel"), ("optuna_tpe_wilcoxon", "Optuna TPE + WilcoxonPruner"))
+        ),
         ("run time (s)", ("seconds",)),
     ],
     "feedback": [
