@@ -114,11 +114,18 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     ],
     "bbob": [
         ("problems", ("problems",)),
-        ("mean normalized regret, Flywheel", ("flywheel", "mean_normalized_regret")),
-        ("mean normalized regret, Optuna TPE", ("optuna_tpe", "mean_normalized_regret")),
-        ("mean normalized regret, Optuna CMA-ES", ("optuna_cmaes", "mean_normalized_regret")),
+        *(
+            (f"mean normalized regret, {label}", (key, "mean_normalized_regret"))
+            for key, label in (
+                ("flywheel", "Flywheel"),
+                ("optuna_gp", "Optuna GPSampler"),
+                ("cmaes_ipop", "CMA-ES with IPOP restarts"),
+                ("optuna_cmaes", "Optuna CMA-ES"),
+                ("optuna_tpe", "Optuna TPE"),
+            )
+        ),
         ("problems won by Flywheel", ("problems_won", "flywheel")),
-        ("run time (s)", ("seconds",)),
+        ("complete run", ("complete",)),
     ],
     "llm-config": [
         *(
@@ -163,6 +170,15 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def fmt_ratio(value: Any) -> str:
+    """A ratio, or a ratio with its interval ({"value", "ci95_low", "ci95_high"})."""
+    if isinstance(value, dict) and "value" in value:
+        low, high = value.get("ci95_low"), value.get("ci95_high")
+        interval = f" [{fmt(low)}, {fmt(high)}]" if low is not None and high is not None else ""
+        return fmt(value["value"]) + interval
+    return fmt(value)
+
+
 def _direction(name: str, goal: str) -> str:
     rule = DIRECTIONS.get(name, DIRECTIONS.get(name.split("-")[0], ""))
     if isinstance(rule, dict):
@@ -198,12 +214,20 @@ def goal_rows(name: str, result: dict[str, Any]) -> list[str]:
         value = ratios.get(key)
         if key not in ratios:
             value = _get(result.get("figures"), GOAL_FIGURES.get(name, {}).get(key, ("\0",)))
+        target = goals.get(key)
+        if isinstance(target, dict) and "goal" in target:
+            # A goal that carries its own verdict: {"value", "goal": "<= 0.85", "met"}.
+            if value is None:
+                value = target.get("value")
+            met = target.get("met")
+            verdict = "not measured" if met is None else ("**met**" if met else "**missed**")
+            rows.append(f"| `{key}` | {fmt_ratio(value)} | {target['goal']} | {verdict} |")
+            continue
         if key not in goals:
-            if isinstance(value, (int, float)) or value is None:
-                rows.append(f"| `{key}` | {fmt(value)} | | |")
+            if isinstance(value, (int, float, dict)) or value is None:
+                rows.append(f"| `{key}` | {fmt_ratio(value)} | | |")
             continue
         direction = _direction(name, key)
-        target = goals[key]
         if direction == "±":
             shown = f"{fmt(target)} ± {fmt(tolerance.get(key))}"
         else:
