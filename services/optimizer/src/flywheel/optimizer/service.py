@@ -76,6 +76,18 @@ _DEDUP = text(
     bindparam("rewards", type_=ARRAY(Float)),
 )
 
+# Every arm's pulls and reward_sum in one statement. The arms are locked in (endpoint, arm_id)
+# order first (a FOR UPDATE CTE is never inlined, and the sort sits under its row locks), so
+# two replicas' batches lock them in the same order whatever plan the UPDATE's join gets.
+_ARM_TOTALS = text(
+    "WITH v AS (SELECT * FROM unnest(CAST(:endpoints AS text[]), CAST(:arm_ids AS text[]), "
+    "CAST(:pulls AS bigint[]), CAST(:sums AS float8[])) AS u(endpoint, arm_id, n, s)), "
+    "locked AS (SELECT a.endpoint, a.arm_id FROM arms AS a JOIN v USING (endpoint, arm_id) "
+    "ORDER BY a.endpoint, a.arm_id FOR UPDATE OF a) "
+    "UPDATE arms AS a SET pulls = a.pulls + v.n, reward_sum = a.reward_sum + v.s FROM v, locked AS l "
+    "WHERE a.endpoint = v.endpoint AND a.arm_id = v.arm_id AND l.endpoint = a.endpoint AND l.arm_id = a.arm_id"
+)
+
 
 @dataclass(frozen=True)
 class FeedbackOutcome:
@@ -339,16 +351,25 @@ async def apply_feedback_batch(
             for segment in {"", decision.segment}:
                 increments[(decision.endpoint, decision.arm_id, segment)].add(value, decision.features)
             totals[(decision.endpoint, decision.arm_id)].add(value, None)
-    # Sorted, so two replicas lock rows in the same order and cannot deadlock.
+    # Sorted, so two replicas lock rows in the same order and cannot deadlock. One statement
+    # per endpoint for the statistics (its policy sets the decay), one for all arms' counters.
+    by_endpoint: dict[str, list[tuple[str, str, stats.Increment]]] = defaultdict(list)
     for (endpoint, arm_id, segment), inc in sorted(increments.items()):
+        by_endpoint[endpoint].append((arm_id, segment, inc))
+    for endpoint, rows in by_endpoint.items():
         row = endpoints[endpoint]
         policy = PolicyConfig.from_json({"kind": row.policy_kind, **row.policy})
-        await stats.add(session, endpoint=endpoint, arm_id=arm_id, segment=segment, policy=policy, inc=inc)
-    for (endpoint, arm_id), inc in sorted(totals.items()):
+        await stats.add_many(session, endpoint=endpoint, policy=policy, increments=rows)
+    if totals:
+        keys = sorted(totals)
         await session.execute(
-            update(ArmRow)
-            .where(ArmRow.endpoint == endpoint, ArmRow.arm_id == arm_id)
-            .values(pulls=ArmRow.pulls + int(inc.w), reward_sum=ArmRow.reward_sum + inc.s)
+            _ARM_TOTALS,
+            {
+                "endpoints": [e for e, _ in keys],
+                "arm_ids": [a for _, a in keys],
+                "pulls": [int(totals[k].w) for k in keys],
+                "sums": [totals[k].s for k in keys],
+            },
         )
     clocks = {name: float(getattr(row, "decisions_total", 0) or 0) for name, row in endpoints.items()}
     batch = await _announce(session, folds, increments, clocks) if folds is not None and increments else None

@@ -91,10 +91,33 @@ async def add(
     session: AsyncSession, *, endpoint: str, arm_id: str, segment: str, policy: PolicyConfig, inc: Increment
 ) -> None:
     """Add an increment to one arm's statistics (one segment; '' is endpoint-wide)."""
+    await add_many(session, endpoint=endpoint, policy=policy, increments=[(arm_id, segment, inc)])
+
+
+def _array_literal(values: np.ndarray | None) -> str | None:
+    # A PostgreSQL array literal; repr() writes each float so that it reads back exactly.
+    return None if values is None else "{" + ",".join(repr(float(v)) for v in values.ravel()) + "}"
+
+
+async def add_many(
+    session: AsyncSession, *, endpoint: str, policy: PolicyConfig, increments: list[tuple[str, str, Increment]]
+) -> None:
+    """Add increments to several (arm, segment) rows of one endpoint in one statement.
+
+    The rows are written in the order given (sort them, so that two replicas lock rows in the
+    same order); each (arm, segment) may appear once. Each row gets exactly what `add` gives it:
+    the same decay of the stored row, bucket and decision clock."""
+    if not increments:
+        return
     factor = _decay(policy)
     sql = text(f"""
         INSERT INTO arm_stats AS st (endpoint, arm_id, segment, bucket, w, s, ss, xtx, xty, as_of, as_of_decisions)
-        VALUES (:endpoint, :arm_id, :segment, {_bucket(policy)}, :w, :s, :ss, :xtx, :xty, now(), {_CLOCK})
+        SELECT :endpoint, v.arm_id, v.segment, {_bucket(policy)}, v.w, v.s, v.ss,
+               v.xtx::float8[], v.xty::float8[], now(), {_CLOCK}
+        FROM unnest(CAST(:arm_ids AS text[]), CAST(:segments AS text[]), CAST(:ws AS float8[]),
+                    CAST(:ss AS float8[]), CAST(:sss AS float8[]), CAST(:xtxs AS text[]), CAST(:xtys AS text[]))
+             WITH ORDINALITY AS v(arm_id, segment, w, s, ss, xtx, xty, i)
+        ORDER BY v.i
         ON CONFLICT (endpoint, arm_id, segment, bucket) DO UPDATE SET
             w = st.w * {factor} + EXCLUDED.w,
             s = st.s * {factor} + EXCLUDED.s,
@@ -109,13 +132,13 @@ async def add(
         {
             "endpoint": endpoint,
             "clock_of": endpoint,
-            "arm_id": arm_id,
-            "segment": segment,
-            "w": inc.w,
-            "s": inc.s,
-            "ss": inc.ss,
-            "xtx": None if inc.xtx is None else inc.xtx.ravel().tolist(),
-            "xty": None if inc.xty is None else inc.xty.tolist(),
+            "arm_ids": [a for a, _, _ in increments],
+            "segments": [g for _, g, _ in increments],
+            "ws": [i.w for _, _, i in increments],
+            "ss": [i.s for _, _, i in increments],
+            "sss": [i.ss for _, _, i in increments],
+            "xtxs": [_array_literal(i.xtx) for _, _, i in increments],
+            "xtys": [_array_literal(i.xty) for _, _, i in increments],
         },
     )
 
