@@ -121,6 +121,14 @@ class EventConsumer(Generic[M]):
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
+        # Metric children resolved once: labels() per message is a measurable share of the hot path.
+        name = spec.durable
+        self._age = EVENT_AGE.labels(name)
+        self._pending = PENDING.labels(name)
+        self._seconds = EVENT_SECONDS.labels(name)
+        self._acked = EVENTS_TOTAL.labels(name, "ack")
+        self._retried = EVENTS_TOTAL.labels(name, "retry")
+        self._dead_lettered = EVENTS_TOTAL.labels(name, "deadletter")
 
     @property
     def name(self) -> str:
@@ -167,7 +175,7 @@ class EventConsumer(Generic[M]):
             meta = msg.metadata
             stored = getattr(meta, "timestamp", None)
             if stored is not None:
-                EVENT_AGE.labels(self.name).observe(max(0.0, now - stored.timestamp()))
+                self._age.observe(max(0.0, now - stored.timestamp()))
             delivery = Delivery(
                 subject=msg.subject,
                 headers=dict(msg.headers or {}),
@@ -182,13 +190,13 @@ class EventConsumer(Generic[M]):
                 await self._dead_letter(msg, delivery, f"cannot decode the payload: {describe(exc)}")
         pending = getattr(messages[-1].metadata, "num_pending", None) if messages else None
         if pending is not None:
-            PENDING.labels(self.name).set(pending)
+            self._pending.set(pending)
         if not decoded:
             return
         outcomes = await self._handle([(event, delivery) for _, event, delivery in decoded])
         for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
             await self._settle(msg, delivery, outcome)
-        EVENT_SECONDS.labels(self.name).observe((time.perf_counter() - started) / len(decoded))
+        self._seconds.observe((time.perf_counter() - started) / len(decoded))
 
     async def _handle(self, items: list[tuple[M, Delivery]]) -> list[BaseException | None]:
         """The handler's outcomes for ``items``; when it raises for the whole batch, the batch is
@@ -205,7 +213,7 @@ class EventConsumer(Generic[M]):
     async def _settle(self, msg: Msg, delivery: Delivery, outcome: BaseException | None) -> None:
         if outcome is None:  # the hot path logs nothing, so it binds no log context
             await msg.ack()
-            EVENTS_TOTAL.labels(self.name, "ack").inc()
+            self._acked.inc()
             return
         with bound(consumer=self.name, subject=delivery.subject, seq=delivery.stream_sequence):
             if isinstance(outcome, Reject):
@@ -217,11 +225,11 @@ class EventConsumer(Generic[M]):
                 await self._dead_letter(msg, delivery, reason)
             elif isinstance(outcome, Retry):
                 log.debug("event not ready; will retry", reason=str(outcome), attempt=delivery.num_delivered)
-                EVENTS_TOTAL.labels(self.name, "retry").inc()
+                self._retried.inc()
                 await msg.nak(delay=outcome.delay_s)
             else:
                 log.warning("handler failed; will retry", error=repr(outcome), attempt=delivery.num_delivered)
-                EVENTS_TOTAL.labels(self.name, "retry").inc()
+                self._retried.inc()
                 await msg.nak(delay=min(0.2 * 2**delivery.num_delivered, 10.0))
 
     async def _dead_letter(self, msg: Msg, delivery: Delivery, reason: str) -> None:
@@ -243,5 +251,5 @@ class EventConsumer(Generic[M]):
             msg_id=f"{self.name}:{delivery.stream_sequence}",
         )
         await msg.ack()
-        EVENTS_TOTAL.labels(self.name, "deadletter").inc()
+        self._dead_lettered.inc()
         log.warning("dead-lettered", reason=reason)
