@@ -1,6 +1,6 @@
 """Forgetting by decisions through a real optimizer (PostgreSQL, NATS): a half-life measured in
 the endpoint's decisions gives the same posterior whether the same decisions and feedback come
-at 100 or at 400 decisions per second, and the same as the in-process policy (`ThompsonAgent`
+at 50 or at up to 400 decisions per second, and the same as the in-process policy (`ThompsonAgent`
 with its clock counting decisions, as `bench/regret` runs it); a half-life in seconds does not.
 
 Each run plays one sequence: rounds of ``BATCH`` decisions (one SelectBatch), then the feedback
@@ -33,12 +33,15 @@ from .helpers import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-SLOW, FAST = 100, 400  # decisions per second
-HALF_LIFE = 200  # decisions; in seconds: 2 s is 200 decisions at 100/s but 800 at 400/s
+# Decisions per second. The fast run asks for 400/s; what one test client reaches with a gRPC
+# Update per decision depends on the machine (about 140-250/s on 2 shared cores), so the test
+# checks the pace it reached: at least 2.5x the slow run's.
+SLOW, FAST = 50, 400
+HALF_LIFE = 200  # decisions; in seconds: 4 s is 200 decisions at 50/s but 600+ at 150/s and more
 # Rounds of 40 concurrent Updates: they share the service's feedback batches and reloads, which
 # is what lets one test client keep 400 decisions/s with feedback on a small machine.
 BATCH = 40
-ROUNDS = 20  # 800 decisions: 8 s at 100/s, 2 s at 400/s
+ROUNDS = 20  # 800 decisions: 16 s at 50/s, 2-5 s fast
 _RNG = random.Random(19)
 REWARDS = [1.0 if _RNG.random() < (0.9 if i < BATCH * ROUNDS // 2 else 0.1) else 0.0 for i in range(BATCH * ROUNDS)]
 
@@ -94,7 +97,7 @@ def optimizer_process(launch_module):
     return launch_module("optimizer", env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3"})
 
 
-async def test_a_half_life_in_decisions_is_the_same_at_100_and_at_400_decisions_per_second(optimizer_process):
+async def test_a_half_life_in_decisions_is_the_same_at_50_and_at_up_to_400_decisions_per_second(optimizer_process):
     async with grpc.aio.insecure_channel(optimizer_process.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
         sel = sel_grpc.SelectionServiceStub(channel)
@@ -108,6 +111,7 @@ async def test_a_half_life_in_decisions_is_the_same_at_100_and_at_400_decisions_
             rates[f"dec-{rate}"] = await play(sel, f"dec-{rate}", rate)
             by_decisions[rate] = await posterior(admin, f"dec-{rate}")
 
+    print(f"paces reached (decisions/s): {rates}")
     alpha, beta = in_process()
     for rate, st in by_decisions.items():
         assert st.alpha == pytest.approx(alpha, rel=0.03), (rate, st, alpha, beta)
@@ -118,7 +122,7 @@ async def test_a_half_life_in_decisions_is_the_same_at_100_and_at_400_decisions_
     # The paces differed as intended (on a machine too busy to pace them apart this fails here).
     for unit in ("sec", "dec"):
         assert rates[f"{unit}-{SLOW}"] > 0.8 * SLOW and rates[f"{unit}-{FAST}"] > 2.5 * rates[f"{unit}-{SLOW}"], rates
-    # In seconds, the 400/s run remembers 4x as many decisions (2.1x the evidence over 800, and
+    # In seconds, the fast run remembers several times as many decisions (more evidence, and
     # more of the first half's 0.9s).
     assert by_seconds[FAST].effective_pulls > 1.5 * by_seconds[SLOW].effective_pulls, by_seconds
     assert by_seconds[FAST].mean > by_seconds[SLOW].mean + 0.05, by_seconds
