@@ -252,7 +252,12 @@ def section(name: str) -> str:
     rel = path.relative_to(BENCH.parent)
     if not path.exists():
         return f"_No results yet: `{rel}` is not there._"
-    result = json.loads(path.read_text())
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{rel} is not valid JSON ({exc}): rerun its benchmark or restore it from git") from None
+    if not isinstance(result, dict):
+        raise SystemExit(f"{rel} holds a {type(result).__name__}, not a results object: rerun its benchmark")
     quick = (result.get("params") or {}).get("quick")
     kind = " (a `--quick` run)" if quick else ""
     lines = [f"Results: `{rel}`{kind}. {stamp_line(result)}", ""]

@@ -64,3 +64,16 @@ def test_sections_come_from_the_json(tmp_path: Path, monkeypatch: pytest.MonkeyP
     (tmp_path / "regret.json").write_text(json.dumps(result))
     assert "Commit `abcdef1`, 2026-01-02T03:04:05+00:00, `x`; Test CPU, 3 cores." in mr.section("regret")
     assert "No results yet" in mr.section("absent")
+
+
+def test_a_broken_results_file_is_named_not_rendered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mr = _module()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "x.json").write_text('{"name": "x", "ratios": ')
+    monkeypatch.setattr(mr, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(mr, "BENCH", tmp_path)
+    with pytest.raises(SystemExit, match=r"results/x\.json is not valid JSON"):
+        mr.section("x")
+    (tmp_path / "results" / "x.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="holds a list"):
+        mr.section("x")
