@@ -18,6 +18,14 @@ bisected and each half handled again, until the event at fault is alone; the goo
 applied and only that one fails. An event whose data the database refuses (too long for its
 column, a NUL byte, a value out of range) is dead-lettered at once with the database's reason,
 since redelivering it cannot help.
+
+A handler that expects an event to succeed within moments (its decision is being written by
+another process, say) returns :class:`Deferred` with a future of the event's final outcome,
+instead of :class:`Retry`: the message is left unsettled and the fetch loop goes on at once; a
+background task settles it, by the same rules, when the future resolves. Those tasks are bounded
+(``max_deferred`` groups, one group per fetched batch); past the bound a deferral is settled as a
+Retry. ``stop()`` waits for them, then cancels the rest: a message never settled is redelivered
+by JetStream after ``ack_wait``, so nothing is lost. Deferrals must be short next to ``ack_wait``.
 """
 
 from __future__ import annotations
@@ -60,6 +68,19 @@ class Retry(Exception):
 
     def __init__(self, reason: str, *, delay_s: float = 0.1) -> None:
         super().__init__(reason)
+        self.delay_s = delay_s
+
+
+class Deferred(Exception):
+    """Returned by a handler for an event whose outcome it will know shortly: ``outcome`` is a
+    future (already scheduled, owned by the handler) of the final outcome, None for done or the
+    exception for the event. The message is settled when it resolves, without holding up the
+    fetch loop. If the consumer cannot wait (too many deferrals in flight, or a second
+    deferral), the message is redelivered after ``delay_s`` like a :class:`Retry`."""
+
+    def __init__(self, outcome: asyncio.Future[BaseException | None], reason: str, *, delay_s: float = 0.1) -> None:
+        super().__init__(reason)
+        self.outcome = outcome
         self.delay_s = delay_s
 
 
@@ -107,6 +128,7 @@ class EventConsumer(Generic[M]):
         batch_handler: BatchHandler[M] | None = None,
         batch_size: int = 256,
         fetch_timeout_s: float = 0.5,
+        max_deferred: int = 64,
     ) -> None:
         self._js = js
         self._catalogue = catalogue
@@ -120,6 +142,9 @@ class EventConsumer(Generic[M]):
         self._fetch_timeout_s = fetch_timeout_s
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Background tasks settling deferred messages, one per fetched batch that had any.
+        self._deferred: set[asyncio.Task[None]] = set()
+        self._max_deferred = max_deferred
         self._sub: JetStreamContext.PullSubscription | None = None
         # Metric children resolved once: labels() per message is a measurable share of the hot path.
         name = spec.durable
@@ -141,13 +166,21 @@ class EventConsumer(Generic[M]):
         self._task = asyncio.create_task(self._run(self._sub), name=f"consumer:{self.name}")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop fetching; let the batch in hand finish (unacked ones are redelivered later)."""
+        """Stop fetching; let the batch in hand and the deferred messages finish within
+        ``timeout_s`` (what is left unsettled is redelivered later)."""
         self._stopping.set()
+        deadline = time.monotonic() + timeout_s
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, timeout_s)
             except TimeoutError:
                 self._task.cancel()
+        if self._deferred:
+            _, late = await asyncio.wait(set(self._deferred), timeout=max(0.0, deadline - time.monotonic()))
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
         if self._sub is not None:
             with contextlib.suppress(Exception):  # the connection may already be gone
                 await self._sub.unsubscribe()
@@ -194,9 +227,45 @@ class EventConsumer(Generic[M]):
         if not decoded:
             return
         outcomes = await self._handle([(event, delivery) for _, event, delivery in decoded])
+        later: list[tuple[Msg, Delivery, Deferred]] = []
         for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
-            await self._settle(msg, delivery, outcome)
+            if isinstance(outcome, Deferred):
+                later.append((msg, delivery, outcome))
+            else:
+                await self._settle(msg, delivery, outcome)
+        if later:
+            await self._defer(later)
         self._seconds.observe((time.perf_counter() - started) / len(decoded))
+
+    async def _defer(self, group: list[tuple[Msg, Delivery, Deferred]]) -> None:
+        """Settle ``group`` in a background task as each outcome resolves; past the bound on such
+        tasks, settle it now as a Retry (the handler's own work goes on; handlers are idempotent)."""
+        if len(self._deferred) >= self._max_deferred or self._stopping.is_set():
+            for msg, delivery, deferred in group:
+                deferred.outcome.add_done_callback(_consume)
+                await self._settle(msg, delivery, Retry(str(deferred), delay_s=deferred.delay_s))
+            return
+        task = asyncio.create_task(self._settle_later(group), name=f"consumer:{self.name}:deferred")
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
+
+    async def _settle_later(self, group: list[tuple[Msg, Delivery, Deferred]]) -> None:
+        for msg, delivery, deferred in group:
+            try:
+                outcome = await deferred.outcome
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise  # stop() gave up on it: JetStream redelivers the rest after ack_wait
+                outcome = Retry(f"{deferred}; its deferred outcome was cancelled", delay_s=deferred.delay_s)
+            except Exception as exc:  # noqa: BLE001 - the handler's failure is this event's outcome
+                outcome = exc
+            if isinstance(outcome, Deferred):  # deferred once already: no second wait
+                outcome.outcome.add_done_callback(_consume)
+                outcome = Retry(str(outcome), delay_s=outcome.delay_s)
+            try:
+                await self._settle(msg, delivery, outcome)
+            except Exception as exc:  # noqa: BLE001 - NATS away: unsettled, so redelivered after ack_wait
+                log.warning("could not settle a deferred message", consumer=self.name, error=repr(exc))
 
     async def _handle(self, items: list[tuple[M, Delivery]]) -> list[BaseException | None]:
         """The handler's outcomes for ``items``; when it raises for the whole batch, the batch is
@@ -232,6 +301,11 @@ class EventConsumer(Generic[M]):
                 self._retried.inc()
                 await msg.nak(delay=min(0.2 * 2**delivery.num_delivered, 10.0))
 
+    @property
+    def deferred_groups(self) -> int:
+        """Background tasks settling deferred messages now (a gauge for tests and debugging)."""
+        return len(self._deferred)
+
     async def _dead_letter(self, msg: Msg, delivery: Delivery, reason: str) -> None:
         letter = DeadLetter(
             subject=delivery.subject,
@@ -253,3 +327,9 @@ class EventConsumer(Generic[M]):
         await msg.ack()
         self._dead_lettered.inc()
         log.warning("dead-lettered", reason=reason)
+
+
+def _consume(future: asyncio.Future[BaseException | None]) -> None:
+    """Mark a deferred outcome nobody awaits as retrieved (no "never retrieved" warning)."""
+    if not future.cancelled():
+        future.exception()
