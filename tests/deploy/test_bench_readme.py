@@ -77,3 +77,82 @@ def test_a_broken_results_file_is_named_not_rendered(tmp_path: Path, monkeypatch
     (tmp_path / "results" / "x.json").write_text("[1, 2]")
     with pytest.raises(SystemExit, match="holds a list"):
         mr.section("x")
+
+
+def _run_json(commit: str, benches: dict) -> dict:
+    return {
+        "name": "run",
+        "figures": {
+            "commit": commit,
+            "dirty": False,
+            "started": "2026-11-24T22:00:00+00:00",
+            "wall_s": 600.0,
+            "stopped": None,
+            "benches": benches,
+        },
+        "stamp": {"commit": commit, "date": "2026-11-24T22:10:00+00:00", "command": "python bench/run_all.py --mode q"},
+        "machine": {"cpu": "Test CPU", "cores": 2},
+    }
+
+
+def test_this_run_says_which_jsons_carry_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mr = _module()
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(mr, "RESULTS", results)
+    monkeypatch.setattr(mr, "BENCH", tmp_path)
+    run, old = "a" * 40, "b" * 40
+    (results / "run.json").write_text(
+        json.dumps(
+            _run_json(
+                run,
+                {
+                    "ope": {"mode": "quick", "status": "ok", "rc": 0, "wall_s": 61.0},
+                    "regret": {"mode": "full", "status": "failed", "rc": 1, "wall_s": 30.0},
+                    "judge": {"mode": "quick", "status": "ok", "rc": 0, "wall_s": 90.0},
+                    "select": {"mode": "quick", "status": "skipped", "reason": "peers not installed: mabwiser"},
+                    "sao": {"mode": "quick", "status": "not run", "reason": "HEAD moved"},
+                },
+            )
+        )
+    )
+    (results / "ope.json").write_text(json.dumps({"name": "ope", "stamp": {"commit": run}}))
+    (results / "regret.json").write_text(json.dumps({"name": "regret", "stamp": {"commit": old}}))
+    (results / "judge.json").write_text(json.dumps({"name": "judge"}))
+    text = mr.run_section()
+    assert "Commit `aaaaaaa`, started 2026-11-24T22:00:00+00:00, 10.0 min in all" in text
+    assert "`python bench/run_all.py --mode q`; Test CPU, 2 cores." in text
+    assert "| ope | quick | ok | 0 | 1.0 min | same commit |" in text
+    assert "| regret | full | failed | 1 | 0.5 min | older: `bbbbbbb` |" in text
+    assert "| judge | quick | ok | 0 | 1.5 min | unstamped |" in text
+    assert "| select | quick | skipped: peers not installed: mabwiser |  |  | missing |" in text
+    assert "| sao | quick | not run: HEAD moved |  |  | missing |" in text
+    # The marker in a template becomes that block, and --check sees a change in run.json.
+    (tmp_path / "README.template.md").write_text("# B\n\n## This run\n\n<!-- run -->\n")
+    monkeypatch.setattr(mr, "TEMPLATE", tmp_path / "README.template.md")
+    monkeypatch.setattr(mr, "README", tmp_path / "README.md")
+    assert mr.main([]) == 0
+    assert "| ope | quick | ok | 0 | 1.0 min | same commit |" in (tmp_path / "README.md").read_text()
+    (results / "ope.json").write_text(json.dumps({"name": "ope", "stamp": {"commit": old}}))
+    assert mr.main(["--check"]) == 1
+
+
+def test_a_missing_or_broken_run_json_is_a_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mr = _module()
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(mr, "RESULTS", results)
+    monkeypatch.setattr(mr, "BENCH", tmp_path)
+    text = mr.run_section()
+    assert text.startswith("_No run of every benchmark recorded yet: `")
+    assert text.endswith("/results/run.json` is not there (`python bench/run_all.py` writes it)._")
+    (results / "run.json").write_text(json.dumps({"name": "run", "figures": {}}))
+    with pytest.raises(SystemExit, match=r"results/run\.json lacks figures\.commit"):
+        mr.run_section()
+    (results / "run.json").write_text("{")
+    with pytest.raises(SystemExit, match=r"results/run\.json is not valid JSON"):
+        mr.run_section()
+
+
+def test_the_template_has_the_run_marker() -> None:
+    assert "\n<!-- run -->\n" in (ROOT / "bench" / "README.template.md").read_text()
