@@ -27,8 +27,9 @@ per bench the mode, the exact command, rc, wall seconds, status and the commit i
 JSON it wrote. ``bench/make_readme.py`` shows it at the top of ``bench/README.md`` ("This run").
 
 Exit status: 0 all ran, 1 a bench failed or timed out, 2 refused (dirty tree, bad arguments),
-3 HEAD moved during the run. ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE`` and
-``LITELLM_LOCAL_MODEL_COST_MAP`` default to offline values for the benches (set them to override).
+3 HEAD moved during the run, 130 interrupted (Ctrl-C stops the bench; run.json is still written).
+``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE`` and ``LITELLM_LOCAL_MODEL_COST_MAP`` default to
+offline values for the benches (set them to override).
 """
 
 from __future__ import annotations
@@ -83,10 +84,10 @@ class Bench:
 
 
 # Expected minutes: on the 2-core machine with other sessions' load, from each bench's README
-# (its "Run"/"Time" paragraph) and the seconds its last results JSON records. Order: cheap first,
-# and rlp before rlp-local (which reuses rlp's search arm).
+# (its "Run"/"Time" paragraph) and the seconds its last results JSON records. Order: cheap first.
+# The README's rlp-local command without --search-cache: the search-alone arm is cheap and
+# deterministic, and running it here keeps rlp-local independent of rlp's mode and success.
 RLP_LOCAL = ("--model", "local", "--horizon", "0", "--max-history", "20", "--max-steps", "4")
-RLP_LOCAL += ("--search-cache", "{results}/rlp.json")
 BENCHES: list[Bench] = [
     Bench("ope", "ope/run.py", {"quick": Mode(("--quick",), 1.5), "full": Mode((), 5)}),
     # No --quick: the default (100 endpoints, 10 refreshes) takes about 30 s.
@@ -456,7 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         rec.update(command=shlex.join(cmd), timeout_s=round(timeout_min * 60), log=str(log))
         print(f"[{i}/{len(items)}] {name} ({item.mode}, ~{item.minutes:g} min) ...", flush=True)
         begun = time.time()
-        rec.update(run_one(item, cmd, cwd=repo, log=log, timeout_s=timeout_min * 60))
+        try:
+            rec.update(run_one(item, cmd, cwd=repo, log=log, timeout_s=timeout_min * 60))
+        except KeyboardInterrupt:  # the bench was stopped; still write what the run did
+            rec.update(status="interrupted", rc=None, wall_s=round(time.time() - begun, 1))
+            stopped = f"interrupted (Ctrl-C) during {name}"
         rec.update(read_stamp(results / f"{name}.json", begun))
         if rec["status"] == "ok" and not rec["written"]:
             rec["status"] = "failed"
@@ -499,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {results / 'run.json'}", file=sys.stderr)
     if stopped:
         print(f"stopped: {stopped}", file=sys.stderr)
-        return 3
+        return 130 if stopped.startswith("interrupted") else 3
     return 1 if failed else 0
 
 

@@ -176,3 +176,17 @@ def test_the_real_table_points_at_real_scripts() -> None:
     for bench in ra.BENCHES:
         assert (ROOT / "bench" / bench.script).is_file(), bench.name
         assert {"quick", "full"} <= set(bench.modes), bench.name
+
+
+def test_ctrl_c_still_writes_the_manifest(fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    ra, _repo, root, results = fake
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ra, "run_one", interrupted)
+    assert ra.main(_args(root, results, "--only", "good,bad")) == 130
+    figures = json.loads((results / "run.json").read_text())["figures"]
+    assert figures["benches"]["good"]["status"] == "interrupted"
+    assert figures["benches"]["bad"]["status"] == "not run"
+    assert figures["stopped"] == "interrupted (Ctrl-C) during good"
