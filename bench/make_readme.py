@@ -301,6 +301,11 @@ def run_section() -> str:
         f"Commit `{commit[:7]}`{dirty}, started {figures.get('started', '?')}, "
         f"{_minutes(figures.get('wall_s')) or '?'} in all, `{stamp.get('command', '?')}`; {_where(run)}.",
     ]
+    waves = figures.get("waves") or []
+    if len(waves) > 1:  # run_all.py --append: the same commit, benches run in several goes
+        lines += ["", f"In {len(waves)} waves at that commit:", ""]
+        for w in waves:
+            lines.append(f"- {w.get('started', '?')}: {', '.join(w.get('benches', []))} (`{w.get('command', '?')}`)")
     if figures.get("stopped"):
         lines += ["", f"**Stopped early:** {figures['stopped']}."]
     lines += [

@@ -354,6 +354,24 @@ def read_stamp(path: Path, started: float) -> dict[str, Any]:
     return {**info, "results_commit": stamp.get("commit"), "results_dirty": stamp.get("dirty")}
 
 
+def earlier_run(path: Path, commit: str) -> dict[str, Any]:
+    """The figures of the run.json that ``--append`` adds to; it must be from ``commit``, so that
+    every bench of the manifest still ran at one commit. No file: an empty run."""
+    if not path.exists():
+        return {}
+    try:
+        figures = json.loads(path.read_text())["figures"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a run manifest ({exc}); remove it or run without --append") from exc
+    if figures.get("commit") != commit:
+        was = str(figures.get("commit"))[:12]
+        raise ValueError(f"{path} is from commit {was}, not {commit[:12]}; --append needs one commit")
+    if "waves" not in figures:  # a manifest written before waves: one wave
+        keys = ("started", "finished", "wall_s")
+        figures["waves"] = [{**{k: figures.get(k) for k in keys}, "benches": list(figures.get("benches", {}))}]
+    return figures
+
+
 def run_one(item: Planned, cmd: list[str], *, cwd: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     """Run one bench to its log; returns rc, wall seconds and status (ok, failed, timeout)."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -404,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-root", type=Path, default=HERE, help="folder of the bench dirs (default: bench/)")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results", help="default: bench/results/")
     parser.add_argument("--python", default=sys.executable, help="python for the benches (default: this one)")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add to the run.json of an earlier run at the same commit (a run in waves) instead of replacing it",
+    )
     args = parser.parse_args(argv)
 
     known = {b.name: b for b in BENCHES}
@@ -436,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"refused: tracked files have changes ({shown}); commit them or pass --allow-dirty", file=sys.stderr)
         return 2
     print(f"commit {commit[:12]}{' (uncommitted changes)' if dirty else ''}")
+    earlier: dict[str, Any] = {}
+    if args.append:
+        try:
+            earlier = earlier_run(results / "run.json", commit)
+        except ValueError as exc:
+            print(f"refused: {exc}", file=sys.stderr)
+            return 2
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
     records: dict[str, dict[str, Any]] = {}
@@ -477,6 +507,17 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    wave = {
+        "started": started_at,
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "benches": list(records),
+        "command": shlex.join(["bench/run_all.py", *(sys.argv[1:] if argv is None else argv)]),
+    }
+    waves = [*earlier.get("waves", []), wave]
+    records = {**earlier.get("benches", {}), **records}
+    if earlier:
+        started_at = earlier.get("started", started_at)
     failed = [n for n, r in records.items() if r["status"] in ("failed", "timeout")]
     manifest = {
         "params": {
@@ -493,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             "dirty": bool(dirty),
             "started": started_at,
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-            "wall_s": round(time.monotonic() - t0, 1),
+            "wall_s": round(sum(w["wall_s"] for w in waves), 1),
+            "waves": waves,
             "stopped": stopped or None,
             "failed": failed,
             "benches": records,

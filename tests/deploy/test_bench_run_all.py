@@ -190,3 +190,22 @@ def test_ctrl_c_still_writes_the_manifest(fake, monkeypatch: pytest.MonkeyPatch)
     assert figures["benches"]["good"]["status"] == "interrupted"
     assert figures["benches"]["bad"]["status"] == "not run"
     assert figures["stopped"] == "interrupted (Ctrl-C) during good"
+
+
+def test_a_run_in_waves_appends_at_one_commit_and_refuses_another(fake, capsys: pytest.CaptureFixture[str]) -> None:
+    ra, repo, root, results = fake
+    assert ra.main(_args(root, results, "--only", "good", "--mode", "quick")) == 0
+    assert ra.main(_args(root, results, "--only", "bad", "--mode", "full", "--append")) == 1
+    figures = json.loads((results / "run.json").read_text())["figures"]
+    assert figures["benches"]["good"]["status"] == "ok"  # kept from the first wave
+    assert figures["benches"]["bad"]["status"] == "failed"
+    assert figures["failed"] == ["bad"]
+    assert [w["benches"] for w in figures["waves"]] == [["good"], ["bad"]]
+    assert figures["wall_s"] == pytest.approx(sum(w["wall_s"] for w in figures["waves"]), abs=0.2)
+    # A wave at another commit would mix commits in one manifest: refused, nothing written.
+    (root / "good" / "run.py").write_text(FAKE + "\n# next commit\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "next")
+    before = (results / "run.json").read_text()
+    assert ra.main(_args(root, results, "--only", "good", "--mode", "quick", "--append")) == 2
+    assert "--append needs one commit" in capsys.readouterr().err
+    assert (results / "run.json").read_text() == before
