@@ -248,7 +248,7 @@ async def test_judgement_cache_purge_goes_in_chunks_and_keeps_live_entries(stack
     from flywheel.core.db import create_engine, session_factory
     from flywheel.core.settings import DatabaseSettings
     from flywheel.reward_judge.cache import PostgresCache
-    from flywheel.stack.services import migrate
+    from flywheel.stack.testing import migrate_in_process as migrate
 
     migrate("reward_judge", stack_env)
     for key, value in stack_env.items():

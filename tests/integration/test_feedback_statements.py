@@ -22,7 +22,7 @@ from flywheel.optimizer.convert import endpoint_spec
 from flywheel.optimizer.decisions import new_decision_id
 from flywheel.optimizer.models import DecisionRow
 from flywheel.optimizer.service import FeedbackItem
-from flywheel.stack.services import migrate
+from flywheel.stack.testing import migrate_in_process as migrate
 
 from .helpers import three_arm_endpoint
 

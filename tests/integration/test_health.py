@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, env_prefix, health_status, migrate
+from flywheel.stack.services import MIGRATED, SERVICES, ServiceProcess, env_prefix, health_status
 from flywheel.stack.stack import Servers
+from flywheel.stack.testing import migrate_in_process as migrate
 from flywheel.stack.testing import server_root
 
 pytestmark = pytest.mark.integration

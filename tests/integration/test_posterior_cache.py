@@ -13,7 +13,7 @@ from flywheel.optimizer import service
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.convert import endpoint_spec
 from flywheel.optimizer.spec import ArmSpec
-from flywheel.stack.services import migrate
+from flywheel.stack.testing import migrate_in_process as migrate
 
 from .helpers import three_arm_endpoint
 

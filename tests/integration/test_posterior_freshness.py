@@ -33,7 +33,7 @@ from flywheel.optimizer.decisions import new_decision_id
 from flywheel.optimizer.models import DecisionRow
 from flywheel.optimizer.service import FeedbackItem
 from flywheel.sdk import FlywheelClient
-from flywheel.stack.services import migrate
+from flywheel.stack.testing import migrate_in_process as migrate
 
 from .helpers import eventually, three_arm_endpoint
 

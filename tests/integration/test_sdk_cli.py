@@ -32,8 +32,9 @@ from flywheel.sdk import convergence as conv
 from flywheel.sdk.admin import AdminClient
 from flywheel.sdk.cli import main as cli_main
 from flywheel.sdk.endpoint_file import parse_endpoint
-from flywheel.stack.services import ServiceProcess, migrate
+from flywheel.stack.services import ServiceProcess
 from flywheel.stack.stack import Servers
+from flywheel.stack.testing import migrate_in_process as migrate
 
 from .helpers import eventually
 

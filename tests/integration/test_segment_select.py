@@ -28,7 +28,7 @@ from flywheel.optimizer.convert import endpoint_spec
 from flywheel.optimizer.segment_cache import SegmentCache
 from flywheel.optimizer.selector import Selector
 from flywheel.optimizer.stats import Increment
-from flywheel.stack.services import migrate
+from flywheel.stack.testing import migrate_in_process as migrate
 
 from .helpers import three_arm_endpoint
 

@@ -250,7 +250,7 @@ async def test_a_round_left_running_by_a_dead_replica_is_queued_again(stack_env,
     from flywheel.core.settings import DatabaseSettings
     from flywheel.society.sao import SaoConfig
     from flywheel.society.sao.service import MAX_ATTEMPTS, SaoRounds
-    from flywheel.stack.services import migrate
+    from flywheel.stack.testing import migrate_in_process as migrate
 
     migrate("society", stack_env)
     for key, value in stack_env.items():

@@ -33,7 +33,7 @@ from flywheel.core.errors import FailedPrecondition, NotFound
 from flywheel.core.settings import DatabaseSettings
 from flywheel.core.validation import Invalid
 from flywheel.sdk import FlywheelClient
-from flywheel.stack.services import migrate
+from flywheel.stack.testing import migrate_in_process as migrate
 from flywheel.trainer.registry import service
 from flywheel.trainer.registry.canary import Canaries, Links
 from flywheel.trainer.registry.events import PolicyEvents

@@ -13,7 +13,7 @@ from flywheel.core.errors import InvalidArgument, NotFound
 from flywheel.core.settings import DatabaseSettings
 from flywheel.optimizer.models import RunCandidateRow, RunEvaluationRow, RunRow
 from flywheel.optimizer.runs import service
-from flywheel.stack.services import migrate
+from flywheel.stack.testing import migrate_in_process as migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -8,11 +8,14 @@ servers without seeing each other's subjects, tables or objects.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nats
@@ -20,7 +23,7 @@ import pytest
 from nats.aio.client import Client as Nats
 
 from flywheel.stack.servers import ModelServer, NatsServer
-from flywheel.stack.services import MIGRATED, ServiceProcess, migrate
+from flywheel.stack.services import MIGRATED, ServiceProcess
 from flywheel.stack.stack import Servers
 
 # Offline everywhere a model library might be imported.
@@ -33,6 +36,32 @@ def server_root(prefix: str) -> Path:
     """A data folder outside pytest's tmp tree: pytest resets its root to mode 0700 when
     another session starts, which locks out PostgreSQL's unprivileged system user."""
     return Path(tempfile.mkdtemp(prefix=f"flywheel-{prefix}-"))
+
+
+_MIGRATING = threading.Lock()  # alembic's ``context`` is one global: one upgrade at a time
+
+
+def migrate_in_process(service: str, env: Mapping[str, str]) -> None:
+    """What ``python -m flywheel.<service> migrate`` does (``flywheel.core.migrations.upgrade``
+    into ``env``'s FLYWHEEL_DB_URL and schema, version table ``alembic_version_<service>``), in
+    this process: a fresh interpreter importing the service costs seconds each time (over a
+    minute for five services on two busy cores), and tests migrate a fresh schema per test.
+    The command itself is still what ``Stack.up`` runs (the story, the kill drill, the stack
+    CLI's tests). Runs in a thread of its own, so it may be called from a running event loop."""
+    from flywheel.core.migrations import upgrade
+    from flywheel.core.settings import DatabaseSettings
+
+    prefix = "FLYWHEEL_DB_"
+    fields = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix) and k != "FLYWHEEL_DB_SCHEMA"}
+    db = DatabaseSettings(**fields, FLYWHEEL_DB_SCHEMA=env.get("FLYWHEEL_DB_SCHEMA", "public"))
+    spec = importlib.util.find_spec(f"flywheel.{service}")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"service {service!r}: no package flywheel.{service}")
+    script_location = Path(next(iter(spec.submodule_search_locations))) / "migrations"
+    if not script_location.is_dir():
+        raise ValueError(f"service {service!r} has no migrations folder ({script_location})")
+    with _MIGRATING, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"migrate-{service}") as pool:
+        pool.submit(upgrade, db, script_location=script_location, service=service).result()
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +110,7 @@ class Launcher:
     def __call__(self, name: str, *, env: dict[str, str] | None = None, wait: bool = True) -> ServiceProcess:
         full_env = {**self.servers.service_env(name, **self.isolation), **(env or {})}
         if name in MIGRATED and name not in self._migrated:
-            migrate(name, full_env)
+            migrate_in_process(name, full_env)
             self._migrated.add(name)
         proc = ServiceProcess(name, env=full_env, log_dir=self._log_dir)
         proc.start()
