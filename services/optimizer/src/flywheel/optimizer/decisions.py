@@ -241,6 +241,11 @@ class DecisionLog:
             self._unsent, self._unsent_n = batch, len(batch)
 
     @property
+    def flush_interval_s(self) -> float:
+        """How long a decision waits in the buffer at most before its flush starts."""
+        return self._interval
+
+    @property
     def pending(self) -> int:
         """Decisions made but not yet written and published."""
         return len(self._buffer) + len(self._unsent)
