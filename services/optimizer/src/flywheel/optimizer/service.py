@@ -10,10 +10,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
-from sqlalchemy import Float, String, any_, bindparam, select, text, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import JSON, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,7 +29,7 @@ from flywheel.core.validation import check_numbers, check_string
 from flywheel.optimizer import notify, stats
 from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.fold import FoldBatch
-from flywheel.optimizer.models import ArmRow, DecisionRow, EndpointRow
+from flywheel.optimizer.models import ArmRow, EndpointRow
 from flywheel.optimizer.rewards import combine_reward
 from flywheel.optimizer.spec import (
     ACTIVE,
@@ -56,24 +55,25 @@ EVENT_ID_CHARS = 128
 DECISION_ID_CHARS = 64
 ENDPOINT_CHARS = 64
 
-# The two statements of a feedback batch take arrays, so each is compiled (and prepared by
-# asyncpg) once, whatever the batch size; a multi-row VALUES is compiled anew per batch.
-_DECISIONS = select(
-    DecisionRow.decision_id,
-    DecisionRow.endpoint,
-    DecisionRow.arm_id,
-    DecisionRow.segment,
-    DecisionRow.features,
-    DecisionRow.created_at,
-).where(DecisionRow.decision_id == any_(bindparam("ids", type_=ARRAY(String))))
+# The statements of a feedback batch take arrays, so each is compiled (and prepared by
+# asyncpg) once, whatever the batch size; a multi-row VALUES is compiled anew per batch. The
+# arrays are cast in SQL rather than typed ARRAY binds, whose bind processing walks every element.
+#
+# The decisions and their endpoints in one round trip: the endpoint's columns come with the
+# first decision of each endpoint only (NULL on the others, and endpoint_name NULL on that
+# first row when the endpoint is gone), so each endpoint's JSON is decoded once per batch.
+_DECISIONS = text(
+    "SELECT d.decision_id, d.endpoint, d.arm_id, d.segment, d.features, d.created_at, d.n, "
+    "e.name AS endpoint_name, e.policy_kind, e.policy, e.reward_spec, e.decisions_total "
+    "FROM (SELECT decision_id, endpoint, arm_id, segment, features, created_at, "
+    "row_number() OVER (PARTITION BY endpoint) AS n "
+    "FROM decisions WHERE decision_id = ANY(CAST(:ids AS text[]))) AS d "
+    "LEFT JOIN endpoints AS e ON e.name = d.endpoint AND d.n = 1"
+).columns(policy=JSON, reward_spec=JSON)
 _DEDUP = text(
     "INSERT INTO applied_feedback (event_id, decision_id, reward) "
-    "SELECT * FROM unnest(:event_ids, :decision_ids, :rewards) "
+    "SELECT * FROM unnest(CAST(:event_ids AS text[]), CAST(:decision_ids AS text[]), CAST(:rewards AS float8[])) "
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
-).bindparams(
-    bindparam("event_ids", type_=ARRAY(String)),
-    bindparam("decision_ids", type_=ARRAY(String)),
-    bindparam("rewards", type_=ARRAY(Float)),
 )
 
 # Every arm's pulls and reward_sum in one statement. The arms are locked in (endpoint, arm_id)
@@ -206,7 +206,8 @@ async def set_incumbent(session: AsyncSession, *, endpoint: str, arm_id: str) ->
     await session.execute(update(EndpointRow).where(EndpointRow.name == endpoint).values(incumbent_arm_id=arm_id))
 
 
-@dataclass(frozen=True)
+# Not frozen, with slots: made once per event, and a frozen dataclass's __init__ costs twice as much.
+@dataclass(slots=True)
 class FeedbackItem:
     event_id: str
     decision_id: str
@@ -235,6 +236,20 @@ async def apply_feedback(
 
 
 def _check(item: FeedbackItem) -> None:
+    e, d, ep = item.event_id, item.decision_id, item.endpoint
+    joined = e + d + ep
+    if (
+        e
+        and d
+        and len(e) <= EVENT_ID_CHARS
+        and len(d) <= DECISION_ID_CHARS
+        and len(ep) <= ENDPOINT_CHARS
+        and joined.isascii()
+        and "\x00" not in joined
+        and not item.signals
+        and (item.reward is None or math.isfinite(item.reward))
+    ):
+        return  # the common case, in a few string operations; anything else is told apart below
     if not item.event_id:
         raise InvalidArgument("feedback has no event id (meta.event_id / feedback_id)")
     if not item.decision_id:
@@ -261,6 +276,53 @@ def _missing_decision(decision_id: str) -> ServiceError:
     return NotFound(f"decision {decision_id!r} is unknown (never logged, or from another deployment)")
 
 
+@dataclass(frozen=True)
+class _Target:
+    """A decision of the batch that feedback can apply to, with what its endpoint says about
+    rewards (looked up once per decision, not per event)."""
+
+    decision: Any  # a Row with DecisionRow's columns
+    weights: dict[str, float]
+    bounded: bool
+    kind: str
+
+
+def _target(
+    decision_id: str, decisions: dict[str, Any], endpoints: dict[str, Any], now: datetime, window: timedelta
+) -> _Target | ServiceError:
+    """What feedback for ``decision_id`` applies to, or the error every such event gets."""
+    decision = decisions.get(decision_id)
+    if decision is None:
+        return _missing_decision(decision_id)
+    endpoint = endpoints.get(decision.endpoint)
+    if endpoint is None:
+        return NotFound(f"endpoint {decision.endpoint!r} of decision {decision_id!r} is gone")
+    if now - decision.created_at > window:
+        return InvalidArgument(f"decision {decision_id!r} is older than the feedback window ({window})")
+    spec = endpoint.reward_spec
+    return _Target(decision, spec.get("signal_weights", {}), spec.get("bounded", True), endpoint.policy_kind)
+
+
+def _reward(item: FeedbackItem, target: _Target) -> float | ServiceError:
+    """The event's reward as the endpoint takes it (clipped, or refused when out of range)."""
+    if item.reward is not None and not target.weights:
+        value = item.reward  # a scalar wins (combine_reward), without the call
+    else:
+        try:
+            value = combine_reward(item.reward, item.signals, target.weights)
+        except ValueError as exc:
+            return InvalidArgument(str(exc))
+    if target.bounded:
+        return min(1.0, max(0.0, value))
+    if not abs(value) <= MAX_ABS_REWARD:  # also NaN/inf from weighting huge signals
+        # Refused, not clipped: a clipped 1e300 would still pull the posterior far off.
+        return InvalidArgument(
+            f"reward: {value:g} is outside [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}], the range an "
+            f"unbounded ({target.kind}) endpoint takes; rescale it"
+        )
+    return value
+
+
 async def apply_feedback_batch(
     session: AsyncSession, *, items: list[FeedbackItem], window: timedelta, folds: FoldSink | None = None
 ) -> list[FeedbackOutcome | ServiceError]:
@@ -282,51 +344,37 @@ async def apply_feedback_batch(
         except ServiceError as exc:
             outcomes[i] = exc
     ids = {it.decision_id for i, it in enumerate(items) if outcomes[i] is None}
-    decisions = {d.decision_id: d for d in (await session.execute(_DECISIONS, {"ids": list(ids)})).all()} if ids else {}
-    names = {d.endpoint for d in decisions.values()}
-    endpoints = (
-        {e.name: e for e in (await session.scalars(select(EndpointRow).where(EndpointRow.name.in_(names)))).all()}
-        if names
-        else {}
-    )
+    rows = (await session.execute(_DECISIONS, {"ids": list(ids)})).all() if ids else []
+    decisions = {d.decision_id: d for d in rows}
+    # name -> a row with the endpoint's policy_kind, policy, reward_spec and decisions_total
+    endpoints: dict[str, Any] = {d.endpoint: d for d in rows if d.n == 1 and d.endpoint_name is not None}
 
+    # Per decision (a batch holds several events of each), not per event: the endpoint, the
+    # feedback window, the reward settings.
     now = datetime.now(UTC)
-    pending: list[tuple[int, DecisionRow, float]] = []
+    targets: dict[str, _Target | ServiceError] = {}
+    pending: list[tuple[int, _Target, float]] = []
     for i, item in enumerate(items):
         if outcomes[i] is not None:
             continue
-        decision = decisions.get(item.decision_id)
-        if decision is None:
-            outcomes[i] = _missing_decision(item.decision_id)
+        target = targets.get(item.decision_id)
+        if target is None:
+            target = targets[item.decision_id] = _target(item.decision_id, decisions, endpoints, now, window)
+        if isinstance(target, ServiceError):
+            # Its own exception object per event (the same decision's error, not the same instance).
+            outcomes[i] = type(target)(*target.args)
             continue
-        if item.endpoint and item.endpoint != decision.endpoint:
+        if item.endpoint and item.endpoint != target.decision.endpoint:
             outcomes[i] = InvalidArgument(
                 f"endpoint: the feedback names {item.endpoint!r}, but decision {item.decision_id!r} "
-                f"was made by {decision.endpoint!r}"
+                f"was made by {target.decision.endpoint!r}"
             )
             continue
-        endpoint = endpoints.get(decision.endpoint)
-        if endpoint is None:
-            outcomes[i] = NotFound(f"endpoint {decision.endpoint!r} of decision {item.decision_id!r} is gone")
+        value = _reward(item, target)
+        if isinstance(value, ServiceError):
+            outcomes[i] = value
             continue
-        if now - decision.created_at > window:
-            outcomes[i] = InvalidArgument(f"decision {item.decision_id!r} is older than the feedback window ({window})")
-            continue
-        try:
-            value = combine_reward(item.reward, item.signals, endpoint.reward_spec.get("signal_weights", {}))
-        except ValueError as exc:
-            outcomes[i] = InvalidArgument(str(exc))
-            continue
-        if endpoint.reward_spec.get("bounded", True):
-            value = min(1.0, max(0.0, value))
-        elif not abs(value) <= MAX_ABS_REWARD:  # also NaN/inf from weighting huge signals
-            # Refused, not clipped: a clipped 1e300 would still pull the posterior far off.
-            outcomes[i] = InvalidArgument(
-                f"reward: {value:g} is outside [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}], the range an "
-                f"unbounded ({endpoint.policy_kind}) endpoint takes; rescale it"
-            )
-            continue
-        pending.append((i, decision, value))  # type: ignore[arg-type]  # a Row with DecisionRow's columns
+        pending.append((i, target, value))
 
     applied_ids: set[str] = set()
     if pending:
@@ -334,23 +382,41 @@ async def apply_feedback_batch(
             _DEDUP,
             {
                 "event_ids": [items[i].event_id for i, _, _ in pending],
-                "decision_ids": [d.decision_id for _, d, _ in pending],
+                "decision_ids": [t.decision.decision_id for _, t, _ in pending],
                 "rewards": [v for _, _, v in pending],
             },
         )
         applied_ids = set(result.scalars().all())
 
-    increments: dict[tuple[str, str, str], stats.Increment] = defaultdict(stats.Increment)
-    totals: dict[tuple[str, str], stats.Increment] = defaultdict(stats.Increment)
-    for i, decision, value in pending:
+    # The applied rewards summed per decision first ([n, sum r, sum r^2]): every event of a
+    # decision goes to the same arm, segment and features.
+    sums: dict[str, list[float]] = {}
+    shared: dict[tuple[bool, str, float], FeedbackOutcome] = {}  # frozen: one object per distinct outcome
+    for i, target, value in pending:
         event_id = items[i].event_id
         applied = event_id in applied_ids
         applied_ids.discard(event_id)  # a repeat inside the same batch is a duplicate too
-        outcomes[i] = FeedbackOutcome(applied=applied, endpoint=decision.endpoint, arm_id=decision.arm_id, reward=value)
+        d = target.decision
+        key = (applied, d.decision_id, value)
+        outcome = shared.get(key)
+        if outcome is None:
+            outcome = shared[key] = FeedbackOutcome(applied=applied, endpoint=d.endpoint, arm_id=d.arm_id, reward=value)
+        outcomes[i] = outcome
         if applied:
-            for segment in {"", decision.segment}:
-                increments[(decision.endpoint, decision.arm_id, segment)].add(value, decision.features)
-            totals[(decision.endpoint, decision.arm_id)].add(value, None)
+            acc = sums.get(d.decision_id)
+            if acc is None:
+                sums[d.decision_id] = [1.0, value, value * value]
+            else:
+                acc[0] += 1.0
+                acc[1] += value
+                acc[2] += value * value
+    increments: dict[tuple[str, str, str], stats.Increment] = defaultdict(stats.Increment)
+    totals: dict[tuple[str, str], stats.Increment] = defaultdict(stats.Increment)
+    for decision_id, (n, s, ss) in sums.items():
+        d = decisions[decision_id]
+        for segment in {"", d.segment}:
+            increments[(d.endpoint, d.arm_id, segment)].add_sums(n, s, ss, d.features)
+        totals[(d.endpoint, d.arm_id)].add_sums(n, s, ss, None)
     # Sorted, so two replicas lock rows in the same order and cannot deadlock. One statement
     # per endpoint for the statistics (its policy sets the decay), one for all arms' counters.
     by_endpoint: dict[str, list[tuple[str, str, stats.Increment]]] = defaultdict(list)

@@ -86,6 +86,18 @@ class Increment:
             self.xtx = np.outer(x, x) if self.xtx is None else self.xtx + np.outer(x, x)
             self.xty = reward * x if self.xty is None else self.xty + reward * x
 
+    def add_sums(self, n: float, s: float, ss: float, features: list[float] | None) -> None:
+        """``n`` rewards at once, summing to ``s`` (their squares to ``ss``), all with the same
+        ``features``: what ``n`` calls of `add` give, with one outer product instead of ``n``."""
+        self.w += n
+        self.s += s
+        self.ss += ss
+        if features is not None:
+            x = np.asarray(features, dtype=float)
+            xtx = n * np.outer(x, x)
+            self.xtx = xtx if self.xtx is None else self.xtx + xtx
+            self.xty = s * x if self.xty is None else self.xty + s * x
+
 
 async def add(
     session: AsyncSession, *, endpoint: str, arm_id: str, segment: str, policy: PolicyConfig, inc: Increment
