@@ -86,6 +86,7 @@ class Search:
         self.epoch_start = 0
         self.epoch_best: float | None = None
         self.epoch_stale = 0
+        self.epoch_scale = 0.0  # the spread (best - median) of the epoch's first design
         self.restarts = 0
         self.tr_length = self.settings.trust_region_init
         self.tr_success = 0
@@ -237,6 +238,7 @@ class Search:
                 "start": self.epoch_start,
                 "best": self.epoch_best,
                 "stale": self.epoch_stale,
+                "scale": self.epoch_scale,
                 "restarts": self.restarts,
                 "trust_region": [self.tr_length, self.tr_success, self.tr_failure],
             },
@@ -267,6 +269,7 @@ class Search:
         self.epoch_start = epoch.get("start", 0)
         self.epoch_best = epoch.get("best")
         self.epoch_stale = epoch.get("stale", 0)
+        self.epoch_scale = float(epoch.get("scale", 0.0))
         self.restarts = epoch.get("restarts", 0)
         tr = epoch.get("trust_region", [self.settings.trust_region_init, 0, 0])
         self.tr_length, self.tr_success, self.tr_failure = float(tr[0]), int(tr[1]), int(tr[2])
@@ -435,7 +438,12 @@ class Search:
         means = [post.mean[idx[c.id]] for c in self._epoch_candidates() if len(c.scores) == n_cases]
         best = max(means) if means else None
         first = self.epoch_best is None
-        if best is not None and (first or best > self.epoch_best + self.settings.min_improvement):
+        if first and means:
+            self.epoch_scale = best - float(np.median(means))
+        # a gain must beat min_improvement and, with trust_region_tol, a share of the spread of
+        # the epoch's first design: creeping up a poor local peak does not keep the region open
+        tol = self.settings.trust_region_tol * self.epoch_scale
+        if best is not None and (first or best > self.epoch_best + max(self.settings.min_improvement, tol)):
             self.epoch_best, self.epoch_stale = best, 0
             gained = not first  # an epoch's first design is not a step of the trust region
         else:
@@ -496,11 +504,11 @@ class Search:
         """Re-seed the population from fresh configs: the old basin stays known (best(), the
         surrogate's data) but no longer breeds."""
         self.epoch_start = len(self.candidates)
-        self.epoch_best, self.epoch_stale = None, 0
+        self.epoch_best, self.epoch_stale, self.epoch_scale = None, 0, 0.0
         self.restarts += 1
         self.tr_length, self.tr_success, self.tr_failure = self.settings.trust_region_init, 0, 0
         population: list[str] = []
-        for config, _ in self._fresh(self.settings.population_size):
+        for config, _ in self._restart_design(self.settings.population_size):
             cid = self._add(config, "restart", [])
             if cid not in population:
                 population.append(cid)
@@ -508,6 +516,53 @@ class Search:
             self.candidates[cid].target = self._first_target()
         self.population = population
         self._version += 1
+
+    def _restart_design(self, needed: int) -> list[tuple[dict[str, Any], list[str]]]:
+        """A restarted epoch's first configs, as ``restart_design`` says (see SearchSettings)."""
+        s = self.settings
+        numeric = [p for p in self.space.params if p.kind != CATEGORICAL]
+        if s.restart_design == "random" or not numeric:
+            return self._fresh(needed)
+        scored = np.array([[p.to_unit(c.config[p.name]) for p in numeric] for c in self.candidates.values()])
+        far = self._far_points(self._fresh(max(20 * needed, 200)), numeric, scored, needed)
+        if s.restart_design == "maximin" or not far:
+            return far
+        # "local": a Gaussian cloud around the one config farthest from everything scored
+        center = far[0][0]
+        u0 = np.array([p.to_unit(center[p.name]) for p in numeric])
+        out, seen = [(center, [])], set(self._by_key) | {self.space.key(center)}
+        for _ in range(50 * needed):
+            if len(out) >= needed:
+                break
+            u = np.clip(u0 + s.restart_sigma * self._rng.standard_normal(len(numeric)), 0.0, 1.0)
+            config = self.space.sample(self._rng)  # categorical genes drawn fresh
+            for p, v in zip(numeric, u, strict=True):
+                config[p.name] = p.from_unit(v)
+            if self.space.key(config) not in seen:
+                seen.add(self.space.key(config))
+                out.append((config, []))
+        return out
+
+    @staticmethod
+    def _far_points(
+        pool: list[tuple[dict[str, Any], list[str]]], numeric: list[Any], scored: np.ndarray, needed: int
+    ) -> list[tuple[dict[str, Any], list[str]]]:
+        """Greedy maximin: ``needed`` of ``pool``, each the farthest from the scored configs and
+        the ones already picked (unit coordinates of the numeric parameters), farthest first."""
+        if not pool:
+            return []
+        u = np.array([[p.to_unit(c[p.name]) for p in numeric] for c, _ in pool])
+        if len(scored):
+            nearest = np.sqrt(((u[:, None, :] - scored[None, :, :]) ** 2).sum(-1)).min(axis=1)
+        else:
+            nearest = np.full(len(u), np.inf)
+        picked: list[int] = []
+        for _ in range(min(needed, len(pool))):
+            i = int(np.argmax(nearest))
+            picked.append(i)
+            nearest = np.minimum(nearest, np.sqrt(((u - u[i]) ** 2).sum(-1)))
+            nearest[i] = -1.0
+        return [pool[i] for i in picked]
 
     def _breed(self) -> None:
         """The next population: elites (cached fitness, not re-evaluated) plus offspring."""

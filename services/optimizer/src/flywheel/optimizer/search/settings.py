@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 ALGORITHMS = ("mab_evolution", "genetic", "mab_only", "random")
+RESTART_DESIGNS = ("random", "maximin", "local")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,14 @@ class SearchSettings:
     CMA-like shape for rotated, ill-conditioned objectives); ``box`` keeps it axis-aligned.
     ``trust_region``: True, False, or None (auto: on when the surrogate is on and at
     least half of the parameters are continuous; a space of mostly categorical or listed values
-    breeds without it)."""
+    breeds without it).
+
+    ``restart_design``: where a restarted epoch's population comes from. ``random`` (default):
+    uniform fresh configs. ``maximin``: fresh configs picked greedily to be far (in the unit
+    coordinates of the numeric parameters) from every config scored so far and from each other,
+    so a restart explores basins not yet visited. ``local``: one such far point and a Gaussian
+    cloud around it (sigma ``restart_sigma`` of each range), as IPOP-CMA-ES restarts a local
+    search from a new random mean."""
 
     population_size: int = 20
     generations: int = 10
@@ -61,6 +69,9 @@ class SearchSettings:
     trust_region_success: int = 3
     trust_region_failure: int | None = None
     trust_region_shape: str = "rotated"
+    trust_region_tol: float = 0.0
+    restart_design: str = "random"
+    restart_sigma: float = 0.2
     warm_start_fraction: float = 0.5
     algorithm: str = "mab_evolution"
     seed: int = 0
@@ -95,6 +106,12 @@ class SearchSettings:
             problems.append("trust_region_success and trust_region_failure must be at least 1")
         if self.trust_region_shape not in ("box", "rotated"):
             problems.append("trust_region_shape must be 'box' or 'rotated'")
+        if not 0 <= self.trust_region_tol < 1:
+            problems.append("trust_region_tol must be in [0, 1)")
+        if self.restart_design not in RESTART_DESIGNS:
+            problems.append(f"restart_design must be one of {list(RESTART_DESIGNS)}")
+        if not 0 < self.restart_sigma <= 1:
+            problems.append("restart_sigma must be in (0, 1]")
         if self.max_evaluations is not None and self.max_evaluations < 1:
             problems.append("max_evaluations must be at least 1")
         if problems:
