@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,12 +186,24 @@ class Stack:
 
     def up(self, *, timeout_s: float = 60.0) -> None:
         """Start servers, migrate, start services and wait until each is SERVING."""
+        self.prepare()
+        self.start_services(timeout_s=timeout_s)
+
+    def prepare(self) -> None:
+        """Start the servers and migrate every service that owns tables (``up``'s first half:
+        a caller may do other work before ``start_services``)."""
         self.servers.start()
         self.save()
         env = self.servers.env()
-        for name in MIGRATED:
-            if name in self.services:
-                migrate(name, env)
+        # At once: each migration is a process importing its service (seconds), into its own
+        # tables and version table; the schema (public) exists already, so none races another.
+        names = [name for name in MIGRATED if name in self.services]
+        with ThreadPoolExecutor(max_workers=max(len(names), 1), thread_name_prefix="migrate") as pool:
+            for done in [pool.submit(migrate, name, env) for name in names]:
+                done.result()
+
+    def start_services(self, *, timeout_s: float = 60.0) -> None:
+        """Start every service (after ``prepare``) and wait until each is SERVING."""
         for proc in self.services.values():
             proc.start()
         self.save()

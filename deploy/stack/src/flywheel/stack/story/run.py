@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,9 +86,14 @@ def start_story_stack(root: Path, sizes: StorySizes) -> tuple[Stack, ModelServer
     trainer["FLYWHEEL_TRAINER_MODELSERVER_API_KEY"] = model.api_key
     trainer.setdefault("FLYWHEEL_TRAINER_WORK_DIR", str(root / "trainer-work"))
     try:
-        model.start()  # first: the society and the judge are told its served model name
+        # The model server loads while the servers start and migrate; the services wait for
+        # it (the society and the judge are told its served model name).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modelserver") as pool:
+            loading = pool.submit(model.start)  # it needs no server: S3 is read per adapter
+            stack.prepare()
+            loading.result()
         world.prepare_stack(stack, model)
-        stack.up()
+        stack.start_services()
     except BaseException:
         stop_story_stack(stack, model)
         raise
