@@ -36,6 +36,7 @@ from flywheel.stack.stack import Servers
 
 sys.path.insert(0, str(Path(__file__).parent))
 SCHEMA = "micro"
+FOLD = not os.environ.get("MICRO_NO_FOLD")
 
 
 def events_for(decisions: list[str], tag: str) -> list[bytes]:
@@ -112,7 +113,7 @@ async def measure(servers: Servers, batches: int, size: int) -> int:
     async def flywheel(bodies: list[bytes]) -> int:
         items = [feedback_item(FeedbackEvent.FromString(b)) for b in bodies]
         async with sessions() as session:
-            out = await service.apply_feedback_batch(session, items=items, window=window, folds=cache)
+            out = await service.apply_feedback_batch(session, items=items, window=window, folds=cache if FOLD else None)
         return sum(1 for o in out if getattr(o, "applied", False))
 
     async def peer(bodies: list[bytes]) -> int:

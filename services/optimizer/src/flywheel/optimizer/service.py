@@ -70,10 +70,13 @@ _DECISIONS = text(
     "FROM decisions WHERE decision_id = ANY(CAST(:ids AS text[]))) AS d "
     "LEFT JOIN endpoints AS e ON e.name = d.endpoint AND d.n = 1"
 ).columns(policy=JSON, reward_spec=JSON)
+# The inserted event ids come back as one array in one row: the driver decodes it in C,
+# where a thousand result rows would each cost a Row object.
 _DEDUP = text(
-    "INSERT INTO applied_feedback (event_id, decision_id, reward) "
+    "WITH ins AS (INSERT INTO applied_feedback (event_id, decision_id, reward) "
     "SELECT * FROM unnest(CAST(:event_ids AS text[]), CAST(:decision_ids AS text[]), CAST(:rewards AS float8[])) "
-    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id) "
+    "SELECT coalesce(array_agg(event_id), CAST('{}' AS text[])) FROM ins"
 )
 
 # Every arm's pulls and reward_sum in one statement. The arms are locked in (endpoint, arm_id)
@@ -386,7 +389,7 @@ async def apply_feedback_batch(
                 "rewards": [v for _, _, v in pending],
             },
         )
-        applied_ids = set(result.scalars().all())
+        applied_ids = set(result.scalar_one())
 
     # The applied rewards summed per decision first ([n, sum r, sum r^2]): every event of a
     # decision goes to the same arm, segment and features.
