@@ -46,8 +46,8 @@ def migrate_in_process(service: str, env: Mapping[str, str]) -> None:
     into ``env``'s FLYWHEEL_DB_URL and schema, version table ``alembic_version_<service>``), in
     this process: a fresh interpreter importing the service costs seconds each time (over a
     minute for five services on two busy cores), and tests migrate a fresh schema per test.
-    The command itself is still what ``Stack.up`` runs (the story, the kill drill, the stack
-    CLI's tests). Runs in a thread of its own, so it may be called from a running event loop."""
+    The command itself is still what ``Stack.up`` runs (the story and the kill drill).
+    Runs in a thread of its own, so it may be called from a running event loop."""
     from flywheel.core.migrations import upgrade
     from flywheel.core.settings import DatabaseSettings
 
