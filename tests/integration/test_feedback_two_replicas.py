@@ -6,12 +6,13 @@ them again 1.5 flush intervals later, instead of sending them back for a JetStre
 (49-73 bounces per bench run before). Real processes, NATS and PostgreSQL.
 
 The flush interval is 0.5 s here (20 ms by default), on both replicas. The feedback consumer's
-pull of 1000 lingers up to 0.5 s, so one replica takes a window of events while the other
-waits, and the events are ~40-500 ms old when applied: at 20 ms (or 0.2 s) the decision was
-nearly always written by then (0-12 deferrals in 200 in four runs), and the test would not
-show the path it is about. At 0.5 s half or more of B's events find their decision still in
-A's buffer (54 and 86 in two runs); B retries them after 0.75 s and would bounce them after
-three intervals (1.5 s). Before the fix, the same run counted 17 redeliveries."""
+pull of 1000 lingers up to 0.5 s, so the replicas take events in windows, and events are
+~40-500 ms old when applied; the decision's replica also flushes its whole buffer whenever its
+own window holds an early event. At 20 ms or 0.2 s the decision was nearly always written by
+the time the other replica read its feedback (0 to 12 deferrals in 200, five runs), and the test
+would not show the path it is about. At 0.5 s, with the decisions spread over ~4 s, 31 to 46 of
+B's 78-98 events were deferred (three runs); B applies them again after 0.75 s and would bounce
+them after three intervals (1.5 s). Before the fix the same test counted 17 redeliveries."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ from .test_first_loop import scrape
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 DECISIONS = 200
-USERS = 4  # concurrent, each feeding back 1 ms after its Select
+# Between one decision's feedback and the next Select: 200 decisions then span ~4 s, several of
+# the consumers' 0.5 s pull windows, so which replica flushes when cannot line up for the run.
+PACE_S = 0.01
 CONSUMER = "optimizer-feedback"
 SLOW_FLUSH = {"FLYWHEEL_OPTIMIZER_DECISION_FLUSH_INTERVAL_S": "0.5"}
 
@@ -56,13 +59,11 @@ async def test_feedback_one_ms_after_a_select_on_the_other_replica_is_applied_on
         await admin.CreateEndpoint(three_arm_endpoint("prompt"))
         started = time.monotonic()
 
-        async def user(first: int) -> None:
-            for i in range(first, DECISIONS, USERS):
-                decision = await fw.select("prompt", user_id=f"u{i}")
-                await asyncio.sleep(0.001)
-                await fw.feedback(decision, reward=1.0)
-
-        await asyncio.gather(*(user(k) for k in range(USERS)))
+        for i in range(DECISIONS):
+            decision = await fw.select("prompt", user_id=f"u{i}")
+            await asyncio.sleep(0.001)
+            await fw.feedback(decision, reward=1.0)
+            await asyncio.sleep(PACE_S)
 
         async def pulls() -> int:
             got = await admin.GetEndpoint(admin_pb.GetEndpointRequest(name="prompt"))
