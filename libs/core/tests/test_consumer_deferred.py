@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from flywheel.api.common.v1.common_pb2 import EventMeta
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.api.subjects import Catalogue
@@ -165,3 +167,19 @@ async def test_stop_waits_for_deferred_messages_then_leaves_the_rest_to_redelive
     assert msgs[0][0].settled == "ack"  # resolved within the timeout: settled
     assert msgs[1][0].settled is None  # never resolved: unsettled, JetStream redelivers it
     assert c.deferred_groups == 0
+
+
+def test_the_reply_subject_is_read_as_nats_py_reads_it():
+    from nats.aio.msg import Msg
+
+    from flywheel.core.bus.consumer import _facts
+
+    for reply in (
+        "$JS.ACK.ns-product.optimizer-feedback.3.1207.1190.1764021234567890123.42",  # v1
+        "$JS.ACK._.acchash.ns-product.optimizer-feedback.3.1207.1190.1764021234567890123.42.rnd",  # v2
+    ):
+        msg = Msg(_client=None, subject="s", reply=reply)  # type: ignore[arg-type]
+        meta = msg.metadata
+        sequence, delivered, stored, pending = _facts(msg)
+        assert (sequence, delivered, pending) == (meta.sequence.stream, meta.num_delivered, meta.num_pending)
+        assert stored == pytest.approx(meta.timestamp.timestamp(), abs=1e-6)

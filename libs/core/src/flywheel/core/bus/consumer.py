@@ -204,35 +204,38 @@ class EventConsumer(Generic[M]):
         started = time.perf_counter()
         now = time.time()
         decoded: list[tuple[Msg, M, Delivery]] = []
+        pending: int | None = None
         for msg in messages:
-            meta = msg.metadata
-            stored = getattr(meta, "timestamp", None)
+            sequence, delivered, stored, pending = _facts(msg)
             if stored is not None:
-                self._age.observe(max(0.0, now - stored.timestamp()))
-            delivery = Delivery(
-                subject=msg.subject,
-                headers=dict(msg.headers or {}),
-                stream_sequence=meta.sequence.stream,
-                num_delivered=meta.num_delivered,
-            )
+                self._age.observe(max(0.0, now - stored))
+            # The message's own headers dict (nats-py builds one per message; no copy needed).
+            delivery = Delivery(msg.subject, msg.headers or {}, sequence, delivered)
             try:
                 decoded.append((msg, decode(msg.data, delivery.headers, self._message_type), delivery))
             except MalformedEvent as exc:
                 await self._dead_letter(msg, delivery, str(exc))
             except Exception as exc:  # noqa: BLE001 - a parser error of another kind: still malformed
                 await self._dead_letter(msg, delivery, f"cannot decode the payload: {describe(exc)}")
-        pending = getattr(messages[-1].metadata, "num_pending", None) if messages else None
-        if pending is not None:
+        if pending is not None:  # the last message's: what is left behind this batch
             self._pending.set(pending)
         if not decoded:
             return
         outcomes = await self._handle([(event, delivery) for _, event, delivery in decoded])
         later: list[tuple[Msg, Delivery, Deferred]] = []
-        for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
-            if isinstance(outcome, Deferred):
-                later.append((msg, delivery, outcome))
-            else:
-                await self._settle(msg, delivery, outcome)
+        acked = 0
+        try:
+            for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
+                if outcome is None:  # the hot path: ack, counted once per batch below
+                    await msg.ack()
+                    acked += 1
+                elif isinstance(outcome, Deferred):
+                    later.append((msg, delivery, outcome))
+                else:
+                    await self._settle(msg, delivery, outcome)
+        finally:
+            if acked:
+                self._acked.inc(acked)
         if later:
             await self._defer(later)
         self._seconds.observe((time.perf_counter() - started) / len(decoded))
@@ -327,6 +330,30 @@ class EventConsumer(Generic[M]):
         await msg.ack()
         self._dead_lettered.inc()
         log.warning("dead-lettered", reason=reason)
+
+
+def _facts(msg: Msg) -> tuple[int, int, float | None, int | None]:
+    """(stream sequence, deliveries so far, stored at in epoch seconds, messages pending) of a
+    JetStream message, read from its reply subject as nats-py's ``Msg.metadata`` reads them, but
+    without the datetime and the two dataclasses it builds per message (a quarter of this
+    consumer's own CPU per message). Anything else falls back to ``metadata``."""
+    reply = getattr(msg, "reply", None)
+    if reply:
+        t = reply.split(".")
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>; the v2 form adds
+        # <domain>.<account hash> after ACK (and may end with a random token).
+        n = len(t)
+        o = 0 if n == 9 else 2 if n >= 11 else -1
+        if o >= 0 and t[0] == "$JS" and t[1] == "ACK":
+            return int(t[5 + o]), int(t[4 + o]), int(t[7 + o]) / 1e9, int(t[8 + o])
+    meta = msg.metadata
+    stored = getattr(meta, "timestamp", None)
+    return (
+        meta.sequence.stream,
+        meta.num_delivered,
+        stored.timestamp() if stored is not None else None,
+        getattr(meta, "num_pending", None),
+    )
 
 
 def _consume(future: asyncio.Future[BaseException | None]) -> None:
