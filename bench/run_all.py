@@ -198,10 +198,18 @@ def head(repo: Path) -> str:
     return _git(repo, "rev-parse", "HEAD")
 
 
-def dirty_files(repo: Path) -> list[str]:
-    """Tracked files with changes (staged or not); untracked files do not count."""
+def dirty_files(repo: Path, results: Path | None = None) -> list[str]:
+    """Tracked files with changes (staged or not); untracked files do not count, nor do the
+    results folder's (each bench of a run writes there, and a run in waves finds them changed)."""
+    spec = ["--", "."]
+    if results is not None and results.resolve().is_relative_to(repo.resolve()):
+        spec.append(f":(exclude){results.resolve().relative_to(repo.resolve())}")
     out = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True, check=True
+        ["git", "status", "--porcelain", "--untracked-files=no", *spec],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout  # not stripped: the status columns (" M path") are fixed-width
     return [line[3:] for line in out.splitlines() if line.strip()]
 
@@ -453,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     commit = head(repo)
-    dirty = dirty_files(repo)
+    dirty = dirty_files(repo, results)
     if dirty and not args.allow_dirty:
         shown = ", ".join(dirty[:8]) + (" ..." if len(dirty) > 8 else "")
         print(f"refused: tracked files have changes ({shown}); commit them or pass --allow-dirty", file=sys.stderr)

@@ -209,3 +209,19 @@ def test_a_run_in_waves_appends_at_one_commit_and_refuses_another(fake, capsys: 
     assert ra.main(_args(root, results, "--only", "good", "--mode", "quick", "--append")) == 2
     assert "--append needs one commit" in capsys.readouterr().err
     assert (results / "run.json").read_text() == before
+
+
+def test_results_written_in_the_repo_do_not_make_the_next_bench_dirty(fake) -> None:
+    ra, repo, root, _results = fake
+    results = repo / "bench" / "results"
+    results.mkdir()
+    (results / "good.json").write_text("{}")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a committed result")
+    # The run rewrites bench/results/good.json; a second wave still counts as a clean tree.
+    assert ra.main(_args(root, results, "--only", "good", "--mode", "quick")) == 0
+    assert _git(repo, "status", "--porcelain")  # the result did change a tracked file
+    assert ra.main(_args(root, results, "--only", "good", "--mode", "full", "--append")) == 0
+    figures = json.loads((results / "run.json").read_text())["figures"]
+    assert figures["dirty"] is False
+    assert ra.dirty_files(repo) == ["bench/results/good.json"]  # without the results folder it would count

@@ -35,9 +35,12 @@ def _git(*args: str) -> str:
 
 
 def git_commit() -> dict[str, Any]:
-    """The commit of the working tree and whether it had changes to tracked files."""
+    """The commit of the working tree and whether it had changes to tracked files. Results
+    (``bench/results/``) do not count: in a run of every bench, each one writes its JSON there
+    before the next starts, and that is not a change to the code being measured."""
     commit = _git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    results = f":(exclude){RESULTS.relative_to(ROOT).as_posix()}"
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", results))
     return {"commit": commit, "dirty": dirty}
 
 
