@@ -449,14 +449,16 @@ class FlywheelTarget(Target):
     def counts(self) -> dict[str, int]:
         assert self.proc is not None
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.proc.metrics_port}/metrics", timeout=5).read().decode()
-        out = {"select": 0, "select_batch": 0, "errors": 0}
+        out = {"select": 0, "select_batch": 0, "errors": 0, "shed": 0}
         for labels, value in re.findall(r"^flywheel_grpc_requests_total\{([^}]*)\} (\S+)$", text, re.M):
             got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
             method, code = got.get("method", ""), got.get("code", "")
             if not method.startswith(f"/{SERVICE}/"):
                 continue
             short = method.rsplit("/", 1)[1]
-            if code != "OK":
+            if code == "RESOURCE_EXHAUSTED":  # the decision log's bound: load shed, counted apart
+                out["shed"] += int(float(value))
+            elif code != "OK":
                 out["errors"] += int(float(value))
             elif short == "Select":
                 out["select"] += int(float(value))
@@ -525,17 +527,28 @@ class Phase:
     server_ok: int
     server_errors: int
     server_cpu_util: float
+    seconds: float = 0.0
+    server_shed: int = 0
 
-    def check(self, what: str, in_flight: int) -> dict[str, Any]:
+    def check(self, what: str, in_flight: int, *, allow_shed: bool = False) -> dict[str, Any]:
         """h2load counts HTTP 2xx; the server counts gRPC OK. Every 2xx must be an OK, and the
-        server may have finished up to ``in_flight`` more (answered after h2load stopped)."""
-        ok = self.h2.status_2xx <= self.server_ok <= self.h2.status_2xx + in_flight and self.server_errors == 0
-        if not ok:
+        server may have finished up to ``in_flight`` more (answered after h2load stopped). With
+        ``allow_shed``, a 2xx may also be a RESOURCE_EXHAUSTED (load shed by the decision log's
+        bound), counted apart; any other error fails the check."""
+        answered = self.server_ok + (self.server_shed if allow_shed else 0)
+        ok = self.h2.status_2xx <= answered <= self.h2.status_2xx + in_flight and self.server_errors == 0
+        if not ok or (self.server_shed and not allow_shed):
             raise RuntimeError(
-                f"{what}: h2load saw {self.h2.status_2xx} 2xx, the server {self.server_ok} OK and "
-                f"{self.server_errors} errors (at most {in_flight} may have been in flight)"
+                f"{what}: h2load saw {self.h2.status_2xx} 2xx, the server {self.server_ok} OK, "
+                f"{self.server_shed} RESOURCE_EXHAUSTED and {self.server_errors} other errors "
+                f"(at most {in_flight} may have been in flight)"
             )
-        return {"h2load_2xx": self.h2.status_2xx, "server_grpc_ok": self.server_ok, "server_grpc_errors": 0}
+        return {
+            "h2load_2xx": self.h2.status_2xx,
+            "server_grpc_ok": self.server_ok,
+            "server_grpc_shed": self.server_shed,
+            "server_grpc_errors": 0,
+        }
 
 
 def measure(target: Target, key: str, run: Callable[[], H2Result]) -> Phase:
@@ -549,6 +562,8 @@ def measure(target: Target, key: str, run: Callable[[], H2Result]) -> Phase:
         server_ok=after[key] - before[key],
         server_errors=after["errors"] - before["errors"],
         server_cpu_util=(cpu1 - cpu0) / (t1 - t0),
+        seconds=t1 - t0,
+        server_shed=after.get("shed", 0) - before.get("shed", 0),
     )
 
 
@@ -655,12 +670,17 @@ def run_target(target: Target, h2: H2load, p: Params, latency_rate: float | None
                 endpoint=target.endpoint,
             ),
         )
+        # Only answered batches count: past the decision log's bound the server sheds calls
+        # (RESOURCE_EXHAUSTED), which h2load counts as 2xx like any gRPC answer.
+        answered = batch.server_ok + batch.server_shed
         out["batch"] = {
-            "calls_per_s": batch.h2.rps,
-            "decisions_per_s": batch.h2.rps * BATCH,
+            "calls_per_s": batch.h2.rps * batch.server_ok / answered if answered else 0.0,
+            "decisions_per_s": batch.h2.rps * BATCH * batch.server_ok / answered if answered else 0.0,
+            "h2load_calls_per_s": batch.h2.rps,
+            "shed_fraction": batch.server_shed / answered if answered else 0.0,
             "mean_ms": batch.h2.mean_ms,
             "server_cpu_util": batch.server_cpu_util,
-            "check": batch.check(f"{target.name} SelectBatch", p.batch_clients * p.batch_streams),
+            "check": batch.check(f"{target.name} SelectBatch", p.batch_clients * p.batch_streams, allow_shed=True),
         }
         final = settled_counts(target)
         out["decisions_made"] = final["select"] + final["select_batch"] * BATCH  # since the process started
@@ -712,6 +732,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], targets: list[str]) -> di
             "select_rps_rounds": [r["select_rps"] for r in runs],
             "select_batch_decisions_per_s": max(r["batch"]["decisions_per_s"] for r in runs),
             "select_batch_decisions_per_s_rounds": [r["batch"]["decisions_per_s"] for r in runs],
+            "select_batch_shed_fraction": max(r["batch"].get("shed_fraction", 0.0) for r in runs),
             "latency_at_common_rate": min((r["latency"] for r in runs), key=lambda x: x.get("p99_ms", 1e9)),
             "server_cpu_util": best["server_cpu_util"],
             "loadgen_cpu_util": best["loadgen_cpu_util"],
@@ -883,7 +904,7 @@ def render(result: dict[str, Any], targets: list[str]) -> str:
         f"SelectBatch of {p['batch_size']}",
         "",
         f"{'target':<15} {'Select/s':>9} {'per round':>11} {'cpu':>5} {'us/Select':>9} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'batch dec/s':>11}",
+        f"{'p50 ms':>7} {'p99 ms':>7} {'batch dec/s':>11} {'shed':>5}",
     ]
     for name in targets:
         t = f[name]
@@ -892,10 +913,12 @@ def render(result: dict[str, Any], targets: list[str]) -> str:
         lines.append(
             f"{name:<15} {t['select_rps']:9.0f} {rounds:>11} {t['server_cpu_util']:5.2f} {t['cpu_us_per_select']:9.0f} "
             f"{lat.get('p50_ms', float('nan')):7.2f} {lat.get('p99_ms', float('nan')):7.2f} "
-            f"{t['select_batch_decisions_per_s']:11.0f}"
+            f"{t['select_batch_decisions_per_s']:11.0f} {t['select_batch_shed_fraction']:5.0%}"
         )
     lines += [
         "(cpu: the server's CPU seconds per second at saturation, below 1 when other tenants took core 1;",
+        " batch dec/s: decisions answered per second by SelectBatch; shed: calls answered RESOURCE_EXHAUSTED",
+        " because more decisions waited to be written than the decision log's bound),",
         " us/Select: its CPU time per Select, median of rounds)",
         "",
         f"Flywheel decision log: {log['rows_in_postgresql']:,} rows in PostgreSQL for "
