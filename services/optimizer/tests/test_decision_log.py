@@ -188,6 +188,25 @@ async def test_past_its_high_water_mark_the_log_refuses_and_keeps_nothing_more()
     assert log.pending == 1
 
 
+async def test_a_batch_is_recorded_whole_or_not_at_all():
+    """SelectBatch's decisions: a batch that does not fit under the bound is refused without
+    leaving part of it in the log (a decision logged that its caller never received)."""
+    engine, publisher = FakeEngine(), FakePublisher()
+    engine.driver = DownDriver()
+    log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=10, max_pending=25)  # type: ignore[arg-type]
+    log.record_many([decision() for _ in range(20)])
+    with pytest.raises(ResourceExhausted) as refused:
+        log.record_many([decision() for _ in range(6)])  # 26 > 25: none of the six
+    assert "6 more do not fit" in str(refused.value)
+    assert log.pending == 20
+    log.record_many([decision() for _ in range(5)])  # exactly up to the bound
+    assert log.pending == 25
+    with pytest.raises(ResourceExhausted):
+        log.record(decision())
+    engine.driver = FakeDriver()
+    assert await log.flush() == 25
+
+
 async def test_a_decision_too_large_for_the_bus_is_dead_lettered_and_the_others_published():
     engine, publisher = FakeEngine(), LetterPublisher()
     log = DecisionLog(engine, publisher, Catalogue("t"))  # type: ignore[arg-type]

@@ -157,15 +157,22 @@ class DecisionLog:
     def record(self, decision: Decision) -> None:
         """Buffer a decision for the next flush; raise ResourceExhausted (and keep nothing) when
         ``max_pending`` decisions are already waiting to be written."""
+        self.record_many([decision])
+
+    def record_many(self, decisions: list[Decision]) -> None:
+        """Buffer all of ``decisions`` or none: ResourceExhausted when they do not all fit under
+        ``max_pending``. SelectBatch records its decisions this way, so a call refused halfway
+        leaves no decision in the log that its caller never received."""
         with self._room:
-            if len(self._buffer) + self._unsent_n >= self._high_water:
+            if len(self._buffer) + self._unsent_n + len(decisions) > self._high_water:
                 # Refuse rather than wait or grow: waiting held Select's threads for a second
                 # each and then appended anyway, so an outage grew the buffer without limit.
                 raise ResourceExhausted(
-                    f"the decision log is full: {self._high_water} decisions are waiting to be written "
-                    "(PostgreSQL or NATS is unreachable or slow); retry with backoff"
+                    f"the decision log is full: {self._high_water} decisions at most may wait to be written "
+                    f"and {len(decisions)} more do not fit (PostgreSQL or NATS is unreachable or slow); "
+                    "retry with backoff"
                 )
-            self._buffer.append(decision)
+            self._buffer.extend(decisions)
             # Wake the flusher once per full buffer: from a worker thread each wake-up is a byte on
             # the loop's self-pipe, which is also its signal wake-up fd (a full pipe loses SIGTERM).
             wake = len(self._buffer) >= self._max_batch and not self._woken

@@ -127,7 +127,9 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
     def SelectBatch_sync(
         self, request: sel_pb.SelectBatchRequest, context: grpc.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
-        return sel_pb.SelectBatchResponse(decisions=[_response(self._select_sync(a)) for a in _batch_args(request)])
+        decisions = [self._select_sync({**a, "record": False}) for a in _batch_args(request)]
+        self._log.record_many(decisions)  # all or none: a refused call leaves no decision logged
+        return sel_pb.SelectBatchResponse(decisions=[_response(d) for d in decisions])
 
     async def Select(self, request: sel_pb.SelectRequest, context: grpc.aio.ServicerContext) -> sel_pb.SelectResponse:
         return _response(await self._selector.select(**_select_args(request)))
@@ -135,9 +137,9 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
     async def SelectBatch(
         self, request: sel_pb.SelectBatchRequest, context: grpc.aio.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
-        return sel_pb.SelectBatchResponse(
-            decisions=[_response(await self._selector.select(**a)) for a in _batch_args(request)]
-        )
+        decisions = [await self._selector.select(**a, record=False) for a in _batch_args(request)]
+        self._log.record_many(decisions)  # all or none: a refused call leaves no decision logged
+        return sel_pb.SelectBatchResponse(decisions=[_response(d) for d in decisions])
 
     async def Update(self, request: sel_pb.UpdateRequest, context: grpc.aio.ServicerContext) -> sel_pb.UpdateResponse:
         item = _feedback_item(request)

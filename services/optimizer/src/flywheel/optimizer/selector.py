@@ -99,7 +99,10 @@ class Selector:
         session_id: str = "",
         context: dict[str, Any] | None = None,
         context_struct: Struct | None = None,
+        record: bool = True,
     ) -> Decision:
+        """A decision for one request, buffered in the decision log unless ``record`` is False
+        (SelectBatch records a whole batch at once with ``DecisionLog.record_many``)."""
         if not endpoint:
             raise InvalidArgument("endpoint name is empty")
         context = context or {}
@@ -109,7 +112,9 @@ class Selector:
             arm_id = await self._sticky.get(endpoint, session_id, policy.sticky_ttl_s)
             if arm_id is not None and arm_id in snap.arm_ids and snap.statuses[snap.arm_ids.index(arm_id)] != RETIRED:
                 index = snap.arm_ids.index(arm_id)
-                return self._decide(snap, index, 1.0, user_id, session_id, context, context_struct, sticky=True)
+                return self._decide(
+                    snap, index, 1.0, user_id, session_id, context, context_struct, sticky=True, record=record
+                )
         features = None
         segment = segment_of(snap, user_id, context)
         if policy.kind == LINEAR:
@@ -124,7 +129,16 @@ class Selector:
         else:
             index, probability = self._sample_snapshot(snap)
         decision = self._decide(
-            snap, index, probability, user_id, session_id, context, context_struct, segment=segment, features=features
+            snap,
+            index,
+            probability,
+            user_id,
+            session_id,
+            context,
+            context_struct,
+            segment=segment,
+            features=features,
+            record=record,
         )
         if policy.sticky_sessions and session_id:
             self._sticky.remember(endpoint, session_id, decision.arm_id, time.time())
@@ -138,6 +152,7 @@ class Selector:
         session_id: str = "",
         context: dict[str, Any] | None = None,
         context_struct: Struct | None = None,
+        record: bool = True,
     ) -> Decision | None:
         """The decision without awaiting, when a cached distribution is the one to sample: the
         endpoint's, or its segment's once the segment cache holds it (no sticky session, no
@@ -157,7 +172,9 @@ class Selector:
             index, probability = self._sample_snapshot(part)
         else:
             index, probability = self._sample_snapshot(snap)
-        return self._decide(snap, index, probability, user_id, session_id, context, context_struct, segment=segment)
+        return self._decide(
+            snap, index, probability, user_id, session_id, context, context_struct, segment=segment, record=record
+        )
 
     def _sample_snapshot(self, snap: EndpointSnapshot | SegmentSnapshot) -> tuple[int, float]:
         """An arm from a cached distribution (one uniform draw, bisect on its cdf)."""
@@ -178,6 +195,7 @@ class Selector:
         segment: str = "",
         features: list[float] | None = None,
         sticky: bool = False,
+        record: bool = True,
     ) -> Decision:
         decision = Decision(
             decision_id=new_decision_id(),
@@ -194,5 +212,6 @@ class Selector:
             params_struct=snap.params_structs[index],
             context_struct=context_struct,
         )
-        self._log.record(decision)
+        if record:
+            self._log.record(decision)
         return decision
