@@ -28,6 +28,16 @@ def three_arm_endpoint(name: str) -> admin_pb.CreateEndpointRequest:
     return admin_pb.CreateEndpointRequest(endpoint=ep_pb.Endpoint(name=name, arms=arms))
 
 
+def sdk_nats(env: dict[str, str], namespace: str | None = None) -> dict[str, str]:
+    """The SDK's NATS keyword arguments for a product whose settings are ``env``."""
+    return {
+        "nats_url": env["FLYWHEEL_NATS_URL"],
+        "nats_user": env["FLYWHEEL_NATS_USER"],
+        "nats_password": env["FLYWHEEL_NATS_PASSWORD"],
+        "namespace": namespace if namespace is not None else env["FLYWHEEL_NATS_NAMESPACE"],
+    }
+
+
 async def eventually(
     probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], *, timeout_s: float = 10.0, interval_s: float = 0.1
 ) -> T:

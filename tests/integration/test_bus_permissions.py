@@ -33,7 +33,7 @@ from flywheel.sdk import FlywheelClient
 from flywheel.stack.servers import NatsServer
 from flywheel.stack.stack import Servers
 
-from .helpers import eventually, three_arm_endpoint
+from .helpers import eventually, sdk_nats, three_arm_endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -129,10 +129,7 @@ async def test_product_feedback_and_spans_flow_and_the_services_need_nothing_mor
         # The SDK as a product runs it: feedback over NATS with the product's user.
         async with FlywheelClient(
             target=optimizer.address,
-            nats_url=product_env["FLYWHEEL_NATS_URL"],
-            nats_user=product_env["FLYWHEEL_NATS_USER"],
-            nats_password=product_env["FLYWHEEL_NATS_PASSWORD"],
-            namespace=ns,
+            **sdk_nats(product_env, ns),
         ) as fw:
             decision = await fw.select("support-bot", user_id="u-1")
             await fw.feedback(decision, reward=1.0)

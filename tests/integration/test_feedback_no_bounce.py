@@ -17,7 +17,7 @@ from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
 from flywheel.sdk import FlywheelClient
 
-from .helpers import eventually, three_arm_endpoint
+from .helpers import eventually, sdk_nats, three_arm_endpoint
 from .test_first_loop import scrape
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -35,10 +35,7 @@ async def test_feedback_one_ms_after_select_is_applied_without_redelivery(launch
         grpc.aio.insecure_channel(optimizer.address) as channel,
         FlywheelClient(
             target=optimizer.address,
-            nats_url=stack_env["FLYWHEEL_NATS_URL"],
-            nats_user=stack_env["FLYWHEEL_NATS_USER"],
-            nats_password=stack_env["FLYWHEEL_NATS_PASSWORD"],
-            namespace=isolation["namespace"],
+            **sdk_nats(stack_env, isolation["namespace"]),
         ) as fw,
     ):
         admin = admin_grpc.EndpointAdminServiceStub(channel)

@@ -26,7 +26,7 @@ from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
 from flywheel.sdk import FlywheelClient
 
-from .helpers import eventually, three_arm_endpoint
+from .helpers import eventually, sdk_nats, three_arm_endpoint
 from .test_feedback_no_bounce import counter
 from .test_first_loop import scrape
 
@@ -49,10 +49,7 @@ async def test_feedback_one_ms_after_a_select_on_the_other_replica_is_applied_on
         grpc.aio.insecure_channel(a.address) as channel,
         FlywheelClient(
             target=a.address,  # every decision is made, and buffered, by A
-            nats_url=stack_env["FLYWHEEL_NATS_URL"],
-            nats_user=stack_env["FLYWHEEL_NATS_USER"],
-            nats_password=stack_env["FLYWHEEL_NATS_PASSWORD"],
-            namespace=isolation["namespace"],
+            **sdk_nats(stack_env, isolation["namespace"]),
         ) as fw,
     ):
         admin = admin_grpc.EndpointAdminServiceStub(channel)

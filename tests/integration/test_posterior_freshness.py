@@ -35,7 +35,7 @@ from flywheel.optimizer.service import FeedbackItem
 from flywheel.sdk import FlywheelClient
 from flywheel.stack.testing import migrate_in_process as migrate
 
-from .helpers import eventually, three_arm_endpoint
+from .helpers import eventually, sdk_nats, three_arm_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -70,10 +70,7 @@ async def test_one_replica_selects_from_its_own_feedback_at_once(launch, stack_e
         grpc.aio.insecure_channel(optimizer.address) as channel,
         FlywheelClient(
             target=optimizer.address,
-            nats_url=stack_env["FLYWHEEL_NATS_URL"],
-            nats_user=stack_env["FLYWHEEL_NATS_USER"],
-            nats_password=stack_env["FLYWHEEL_NATS_PASSWORD"],
-            namespace=isolation["namespace"],
+            **sdk_nats(stack_env, isolation["namespace"]),
         ) as fw,
     ):
         admin = admin_grpc.EndpointAdminServiceStub(channel)

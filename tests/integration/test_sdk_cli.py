@@ -36,7 +36,7 @@ from flywheel.stack.services import ServiceProcess
 from flywheel.stack.stack import Servers
 from flywheel.stack.testing import migrate_in_process as migrate
 
-from .helpers import eventually
+from .helpers import eventually, sdk_nats
 
 pytestmark = pytest.mark.integration
 
@@ -65,15 +65,6 @@ def admin(optimizer: ServiceProcess) -> Iterator[AdminClient]:
         yield client
 
 
-def nats_kwargs(env: dict[str, str]) -> dict[str, str]:
-    return {
-        "nats_url": env["FLYWHEEL_NATS_URL"],
-        "nats_user": env["FLYWHEEL_NATS_USER"],
-        "nats_password": env["FLYWHEEL_NATS_PASSWORD"],
-        "namespace": env["FLYWHEEL_NATS_NAMESPACE"],
-    }
-
-
 def create(admin: AdminClient, name: str, **extra) -> pb.Endpoint:
     arms = [{"arm_id": "a", "params": {"model": "m-a"}}, {"arm_id": "b", "params": {"model": "m-b"}}]
     return admin.create(parse_endpoint({"name": name, "arms": arms, **extra}).to_proto())
@@ -87,7 +78,7 @@ async def pulls(admin: AdminClient, name: str) -> dict[str, int]:
 async def test_async_and_sync_clients_select_and_report(optimizer, module_env, admin):
     create(admin, "clients")
 
-    async with FlywheelClient(target=optimizer.address, **nats_kwargs(module_env)) as fw:
+    async with FlywheelClient(target=optimizer.address, **sdk_nats(module_env)) as fw:
         d = await fw.select("clients", user_id="u-1", context={"lang": "en"})
         assert d.arm_id in {"a", "b"} and d.params == {"model": f"m-{d.arm_id}"} and 0 < d.probability <= 1
         await fw.feedback(d, reward=1.0)  # NATS
@@ -104,7 +95,7 @@ async def test_async_and_sync_clients_select_and_report(optimizer, module_env, a
     # The sync client from several threads at once: selects over gRPC, feedback over NATS
     # through its one private event loop.
     def sync_work() -> None:
-        with SyncFlywheelClient(target=optimizer.address, **nats_kwargs(module_env)) as fw:
+        with SyncFlywheelClient(target=optimizer.address, **sdk_nats(module_env)) as fw:
 
             def worker() -> None:
                 for _ in range(5):
@@ -133,7 +124,7 @@ async def test_decide_reports_latency_cost_reward_and_errors(optimizer, module_e
     async def next_event() -> FeedbackEvent:
         return FeedbackEvent.FromString((await sub.next_msg(timeout=5)).data)
 
-    async with FlywheelClient(target=optimizer.address, **nats_kwargs(module_env)) as fw:
+    async with FlywheelClient(target=optimizer.address, **sdk_nats(module_env)) as fw:
         async with fw.decide("decide", user_id="u-1") as dc:
             assert dc.params["model"].startswith("m-")
             await asyncio.sleep(0.05)
@@ -163,7 +154,7 @@ async def test_decide_reports_latency_cost_reward_and_errors(optimizer, module_e
         assert event.signals["error"] == 1.0 and "latency_ms" in event.signals and "cost_usd" not in event.signals
 
     def sync_decide() -> str:
-        with SyncFlywheelClient(target=optimizer.address, **nats_kwargs(module_env)) as fw:
+        with SyncFlywheelClient(target=optimizer.address, **sdk_nats(module_env)) as fw:
             with fw.decide("decide") as dc:
                 time.sleep(0.02)
                 dc.add_signal("quality", 1.0)

@@ -14,7 +14,7 @@ from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
 from flywheel.sdk import FlywheelClient
 
-from .helpers import eventually, three_arm_endpoint
+from .helpers import eventually, sdk_nats, three_arm_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -26,10 +26,7 @@ async def test_queued_feedback_is_applied_once_each_after_flush(launch, stack_en
         await admin.CreateEndpoint(three_arm_endpoint("nowait"))
         async with FlywheelClient(
             target=optimizer.address,
-            nats_url=stack_env["FLYWHEEL_NATS_URL"],
-            nats_user=stack_env["FLYWHEEL_NATS_USER"],
-            nats_password=stack_env["FLYWHEEL_NATS_PASSWORD"],
-            namespace=isolation["namespace"],
+            **sdk_nats(stack_env, isolation["namespace"]),
             feedback_max_in_flight=16,
         ) as fw:
             decisions = [await fw.select("nowait", user_id=f"u{i}") for i in range(120)]

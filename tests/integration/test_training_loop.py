@@ -28,7 +28,7 @@ from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
 from flywheel.sdk import FlywheelClient
 from flywheel.sdk.tracing import Tracer, prompt, trace
 
-from .helpers import eventually
+from .helpers import eventually, sdk_nats
 from .trainer_jobs import CITIES, COUNTRIES, s3, session_optimizer, wait_job, warm_trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -133,10 +133,7 @@ async def feedback_to_canaries(launch, optimizer, store, trainer) -> None:
         grpc.aio.insecure_channel(trainer.address) as trainer_channel,
         FlywheelClient(
             target=optimizer.address,
-            nats_url=product_env["FLYWHEEL_NATS_URL"],
-            nats_user=product_env["FLYWHEEL_NATS_USER"],
-            nats_password=product_env["FLYWHEEL_NATS_PASSWORD"],
-            namespace=ns,
+            **sdk_nats(product_env, ns),
         ) as fw,
     ):
         admin = admin_grpc.EndpointAdminServiceStub(opt_channel)
