@@ -95,12 +95,18 @@ def _run_json(commit: str, benches: dict) -> dict:
     }
 
 
-def test_this_run_says_which_jsons_carry_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _module_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """make_readme with its bench root at ``tmp_path`` and an empty ``results`` folder there."""
     mr = _module()
     results = tmp_path / "results"
     results.mkdir()
     monkeypatch.setattr(mr, "RESULTS", results)
     monkeypatch.setattr(mr, "BENCH", tmp_path)
+    return mr, results
+
+
+def test_this_run_says_which_jsons_carry_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mr, results = _module_on(tmp_path, monkeypatch)
     run, old = "a" * 40, "b" * 40
     (results / "run.json").write_text(
         json.dumps(
@@ -138,11 +144,7 @@ def test_this_run_says_which_jsons_carry_its_commit(tmp_path: Path, monkeypatch:
 
 
 def test_a_missing_or_broken_run_json_is_a_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mr = _module()
-    results = tmp_path / "results"
-    results.mkdir()
-    monkeypatch.setattr(mr, "RESULTS", results)
-    monkeypatch.setattr(mr, "BENCH", tmp_path)
+    mr, results = _module_on(tmp_path, monkeypatch)
     text = mr.run_section()
     assert text.startswith("_No run of every benchmark recorded yet: `")
     assert text.endswith("/results/run.json` is not there (`python bench/run_all.py` writes it)._")
