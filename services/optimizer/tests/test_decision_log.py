@@ -6,6 +6,7 @@ that record what they were given."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -20,11 +21,41 @@ from flywheel.optimizer.decisions import Decision, DecisionLog, new_decision_id
 
 
 class FakeDriver:
+    """The asyncpg connection's part the log uses. A COPY happens in a transaction and is undone
+    when it fails; a COPY of a decision id already written fails, as the primary key makes it."""
+
     def __init__(self) -> None:
         self.inserted: list[str] = []
+        self.statements = 0  # COPYs and INSERTs
+        self._open: list[str] | None = None
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        self._open = []
+        try:
+            yield
+            self.inserted.extend(self._open)
+        finally:
+            self._open = None
+
+    def check(self, user_ids: list[str]) -> None:
+        """Raise as PostgreSQL would for these rows (subclasses refuse some)."""
+
+    async def copy_records_to_table(self, _table: str, *, records: list[tuple], columns: tuple[str, ...]) -> None:
+        assert self._open is not None, "COPY outside a transaction"
+        self.statements += 1
+        self.check([r[columns.index("user_id")] for r in records])
+        ids = [r[0] for r in records]
+        if set(ids) & set(self.inserted):
+            raise asyncpg.exceptions.UniqueViolationError("duplicate key value violates unique constraint")
+        self._open.extend(ids)
 
     async def execute(self, _sql: str, *columns: object) -> None:
-        self.inserted.extend(columns[0])  # type: ignore[arg-type]
+        if len(columns) == 2:  # the decision clock's UPDATE
+            return
+        self.statements += 1  # the retry's INSERT ... ON CONFLICT DO NOTHING
+        self.check(columns[4])  # type: ignore[arg-type]
+        self.inserted.extend(i for i in columns[0] if i not in self.inserted)  # type: ignore[attr-defined]
 
 
 class FakeConnection:
@@ -115,15 +146,9 @@ async def test_a_full_buffer_is_written_before_the_interval_ends():
 class PickyDriver(FakeDriver):
     """Refuses a whole statement when any row holds a NUL byte in user_id, as PostgreSQL does."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.statements = 0
-
-    async def execute(self, _sql: str, *columns: object) -> None:
-        self.statements += 1
-        if any("\x00" in u for u in columns[4]):  # type: ignore[attr-defined]
+    def check(self, user_ids: list[str]) -> None:
+        if any("\x00" in u for u in user_ids):
             raise asyncpg.exceptions.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00')
-        await super().execute(_sql, *columns)
 
 
 class LetterPublisher(FakePublisher):
@@ -136,7 +161,7 @@ class LetterPublisher(FakePublisher):
 
 
 class DownDriver(FakeDriver):
-    async def execute(self, _sql: str, *columns: object) -> None:
+    def check(self, user_ids: list[str]) -> None:
         raise ConnectionRefusedError("PostgreSQL is down")
 
 
@@ -222,3 +247,34 @@ async def test_a_decision_too_large_for_the_bus_is_dead_lettered_and_the_others_
     [(_, letter, _)] = publisher.letters
     assert huge.decision_id in letter.reason and "more than the bus takes" in letter.reason
     assert letter.payload == b""  # too large to carry; the reason names the decision
+
+
+class FlakyPublisher(FakePublisher):
+    """Fails its first publish_many, as NATS does when it is away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+
+    async def publish_many(self, items: list) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("nats: timeout")
+        await super().publish_many(items)
+
+
+async def test_a_batch_retried_after_its_rows_committed_is_written_once_with_the_same_messages():
+    """The rows of a batch whose publish failed are in already: its retry must not COPY them
+    again (a duplicate key), and its messages keep their dedup ids."""
+    engine, publisher = FakeEngine(), FlakyPublisher()
+    log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=10)  # type: ignore[arg-type]
+    made = [decision() for _ in range(25)]
+    log.record_many(made)
+    with pytest.raises(TimeoutError):
+        await log.flush()
+    assert engine.driver.inserted == [d.decision_id for d in made] and log.pending == 25
+    log.record(extra := decision())
+    assert await log.flush() == 26
+    assert engine.driver.inserted == [d.decision_id for d in [*made, extra]]
+    assert engine.driver.statements == 3  # COPY, the retry's INSERT, COPY of the new decision
+    assert len(publisher.messages) == len(set(publisher.messages)) == 4  # 3 of the retried batch, 1 new

@@ -1,0 +1,229 @@
+"""CPU and wall time of the decision log's flush per 1,000 decisions, in one process.
+
+    python bench/select/flush_micro.py [--batches 20] [--batch 1000] [--bus]
+
+Starts a real PostgreSQL and NATS (``flywheel.stack``), migrates the optimizer's schema, creates
+the bench's three-arm endpoint, then writes batches of decisions shaped like bench/select's
+(context ``{"lang": "en"}``, a user id, prebuilt params Structs) several ways, alternating, each
+batch new decisions:
+
+- ``unnest``: the statement the log used before issue 19's H4 (one ``INSERT ... SELECT FROM
+  unnest(...)`` with the contexts as one JSON array, ``ON CONFLICT DO NOTHING``, the endpoint's
+  decision clock advanced in the same statement), kept here as the reference;
+- ``log``: ``DecisionLog._insert`` as it is in the tree (PostgreSQL only);
+- ``log+bus`` (with ``--bus``): ``DecisionLog._write``, the whole flush: the rows, then the
+  ``DecisionBatch`` messages on JetStream.
+
+For each it prints the medians over the batches of this process's CPU (``time.process_time``),
+PostgreSQL's CPU (every PostgreSQL process's user + system time, from psutil) and the wall
+time, each per 1,000 decisions. CPU times hold on a loaded machine; wall time does not. The
+decisions are built before the clock starts: making them is Select's cost, not the flush's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+from google.protobuf.struct_pb2 import Struct
+
+from flywheel.stack.services import migrate
+from flywheel.stack.stack import Servers
+
+SCHEMA = "micro"
+ENDPOINT = "bench"
+
+# The statement of the log before H4 (decisions.py at aab7854), the reference.
+_UNNEST = """
+WITH inserted AS (
+INSERT INTO decisions (decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
+                       context, features, sticky, created_at)
+SELECT r.decision_id, r.endpoint, r.arm_id, r.probability, r.user_id, r.session_id, r.segment,
+       j.value -> 0,
+       CASE WHEN json_typeof(j.value -> 1) = 'array'
+            THEN ARRAY(SELECT json_array_elements_text(j.value -> 1)::float8) END,
+       r.sticky, r.created_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::text[],
+            $8::bool[], $9::timestamptz[])
+     WITH ORDINALITY AS r(decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
+                          sticky, created_at, n)
+JOIN json_array_elements($10::json) WITH ORDINALITY AS j(value, n) USING (n)
+ON CONFLICT (decision_id) DO NOTHING
+RETURNING endpoint),
+counted AS (SELECT endpoint, count(*) AS n FROM inserted GROUP BY endpoint),
+locked AS (SELECT e.name, c.n FROM endpoints e JOIN counted c ON c.endpoint = e.name
+           ORDER BY e.name FOR NO KEY UPDATE OF e)
+UPDATE endpoints SET decisions_total = endpoints.decisions_total + locked.n
+FROM locked WHERE endpoints.name = locked.name
+"""
+
+
+async def unnest_insert(conn, batch) -> None:
+    await conn.execute(
+        _UNNEST,
+        [d.decision_id for d in batch],
+        [d.endpoint for d in batch],
+        [d.arm_id for d in batch],
+        [d.probability for d in batch],
+        [d.user_id for d in batch],
+        [d.session_id for d in batch],
+        [d.segment for d in batch],
+        [d.sticky for d in batch],
+        [d.created_at for d in batch],
+        json.dumps([(d.context, d.features) for d in batch]),
+    )
+
+
+def postgres_cpu(postmaster: psutil.Process) -> float:
+    """User + system seconds of the postmaster and every PostgreSQL process it started."""
+    total = 0.0
+    for proc in [postmaster, *postmaster.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:  # a backend that ended meanwhile
+            continue
+    return total
+
+
+def decisions_for(n: int, tag: str, params: dict[str, Struct]):
+    from flywheel.optimizer.decisions import Decision, new_decision_id
+
+    arms = ("small", "large", "creative")
+    context = Struct()
+    context.update({"lang": "en"})
+    out = []
+    for k in range(n):
+        arm = arms[k % 3]
+        out.append(
+            Decision(
+                decision_id=new_decision_id(),
+                endpoint=ENDPOINT,
+                arm_id=arm,
+                params={},
+                probability=0.34,
+                user_id=f"u-{tag}-{k}",
+                context={"lang": "en"},
+                created_at=datetime.now(UTC),
+                params_struct=params[arm],
+                context_struct=context,
+            )
+        )
+    return out
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=20, help="measured batches per contestant")
+    parser.add_argument("--batch", type=int, default=1000, help="decisions per batch")
+    parser.add_argument("--bus", action="store_true", help="also time the whole flush with JetStream")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="flywheel-flush-micro-"))
+    servers = Servers.create(root / "servers")
+    servers.start()
+    try:
+        env = servers.env(namespace="micro", schema=SCHEMA, bucket_prefix="micro")
+        migrate("optimizer", env)
+        os.environ.update(env)
+        return await measure(servers, args)
+    finally:
+        servers.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def measure(servers: Servers, args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from flywheel.api.subjects import Catalogue
+    from flywheel.core.bus.connection import connect, ensure_topology
+    from flywheel.core.bus.publisher import Publisher
+    from flywheel.core.db import create_engine, session_factory
+    from flywheel.core.settings import DatabaseSettings, NatsSettings
+    from flywheel.optimizer import service
+    from flywheel.optimizer.convert import endpoint_spec
+    from flywheel.optimizer.decisions import DecisionLog
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "tests" / "integration"))
+    from helpers import three_arm_endpoint
+
+    engine = create_engine(DatabaseSettings())  # type: ignore[call-arg]
+    sessions = session_factory(engine)
+    request = three_arm_endpoint(ENDPOINT)
+    async with sessions() as session:
+        await service.create_endpoint(session, spec=endpoint_spec(request.endpoint))
+    params = {arm.arm_id: arm.params for arm in request.endpoint.arms}
+
+    nc = await connect(NatsSettings(), name="flush-micro")  # type: ignore[call-arg]
+    js = nc.jetstream()
+    catalogue = Catalogue("micro")
+    await ensure_topology(js, catalogue)
+    log = DecisionLog(engine, Publisher(js), catalogue, max_batch=args.batch)
+    dsn = servers.database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": SCHEMA})
+    assert servers.postgres is not None and servers.postgres.pid is not None
+    postmaster = psutil.Process(servers.postgres.pid)
+
+    async def reference(batch) -> None:
+        await unnest_insert(conn, batch)
+
+    async def tree(batch) -> None:
+        assert await log._insert(batch) == []
+
+    async def whole(batch) -> None:
+        await log._write(batch)
+
+    contestants = [("unnest", reference), ("log", tree)] + ([("log+bus", whole)] if args.bus else [])
+    results: dict[str, dict[str, list[float]]] = {n: {"cpu": [], "pg": [], "wall": []} for n, _ in contestants}
+    written = 0
+    for b in range(args.batches + 2):  # the first two warm up (statements prepared, caches)
+        for label, fn in contestants:
+            batch = decisions_for(args.batch, f"{label}{b}", params)
+            pg0, cpu0, wall0 = postgres_cpu(postmaster), time.process_time(), time.perf_counter()
+            await fn(batch)
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            pg = postgres_cpu(postmaster) - pg0
+            written += len(batch)
+            if b >= 2:
+                per = 1000 / len(batch)
+                results[label]["cpu"].append(1e3 * cpu * per)
+                results[label]["pg"].append(1e3 * pg * per)
+                results[label]["wall"].append(1e3 * wall * per)
+    rows = await conn.fetchval("SELECT count(*) FROM decisions")
+    clock = await conn.fetchval("SELECT decisions_total FROM endpoints WHERE name = $1", ENDPOINT)
+    await conn.close()
+    await log.close()
+    await nc.close()
+    await engine.dispose()
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {rows} rows for {written} decisions")
+    print(f"{'':>8}  ms per 1,000 decisions (median, min-max of {args.batches} batches of {args.batch})")
+    print(f"{'':>8}  {'process CPU':>20}  {'PostgreSQL CPU':>20}  {'wall':>20}")
+    summary = {}
+    for label, values in results.items():
+        cells = []
+        for key in ("cpu", "pg", "wall"):
+            v = values[key]
+            cells.append(f"{statistics.median(v):6.2f} ({min(v):5.2f}-{max(v):5.2f})")
+        print(
+            f"{label:>8}  "
+            + "  ".join(f"{c:>20}" for c in cells)
+            + f"  PostgreSQL mean {statistics.mean(values['pg']):.2f}"
+        )
+        summary[label] = {k: round(statistics.median(v), 3) for k, v in values.items()}
+        summary[label]["pg_mean"] = round(statistics.mean(values["pg"]), 3)
+    # Every contestant advances the endpoint's decision clock by the rows it wrote.
+    print(json.dumps({"rows": rows, "decisions": written, "decision_clock": clock, "ms_per_1000": summary}))
+    return 0 if rows == written == clock else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
