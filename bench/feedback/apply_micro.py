@@ -25,12 +25,15 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.core.bus.consumer import Delivery
 from flywheel.stack.services import migrate
 from flywheel.stack.stack import Servers
 
@@ -54,6 +57,7 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=30, help="per contestant")
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--profile", action="store_true", help="cProfile the flywheel side; print its top functions")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="flywheel-apply-micro-"))
     servers = Servers.create(root / "servers")
@@ -62,13 +66,13 @@ async def main() -> int:
         env = servers.env(namespace="micro", schema=SCHEMA, bucket_prefix="micro")
         migrate("optimizer", env)
         os.environ.update(env)
-        return await measure(servers, args.batches, args.batch)
+        return await measure(servers, args.batches, args.batch, profile=args.profile)
     finally:
         servers.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def measure(servers: Servers, batches: int, size: int) -> int:
+async def measure(servers: Servers, batches: int, size: int, *, profile: bool = False) -> int:
     import peers  # the bench's raw peer (bench/feedback/peers.py)
 
     from flywheel.core.db import create_engine, session_factory
@@ -76,7 +80,7 @@ async def measure(servers: Servers, batches: int, size: int) -> int:
     from flywheel.optimizer import service
     from flywheel.optimizer.cache import PosteriorCache
     from flywheel.optimizer.convert import endpoint_spec
-    from flywheel.optimizer.handlers import feedback_item
+    from flywheel.optimizer.handlers import FeedbackHandler, feedback_item
     from flywheel.optimizer.models import DecisionRow
 
     sys.path.insert(0, str(Path(__file__).parents[2] / "tests" / "integration"))
@@ -110,34 +114,80 @@ async def measure(servers: Servers, batches: int, size: int) -> int:
     dsn = servers.database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
     conn = await asyncpg.connect(dsn, server_settings={"search_path": SCHEMA})
 
+    handler = FeedbackHandler(sessions, window, None, cache if FOLD else None)
+    # CPU seconds per stage of the flywheel side, summed over the measured batches.
+    stages: dict[str, float] = defaultdict(float)
+    measuring = False
+    aside = [0.0]  # CPU the last batch spent on timing feedback_item apart: not the path's
+
     async def flywheel(bodies: list[bytes]) -> int:
-        items = [feedback_item(FeedbackEvent.FromString(b)) for b in bodies]
-        async with sessions() as session:
-            out = await service.apply_feedback_batch(session, items=items, window=window, folds=cache if FOLD else None)
-        return sum(1 for o in out if getattr(o, "applied", False))
+        t0 = time.process_time()
+        batch = [(FeedbackEvent.FromString(b), Delivery("fb", {}, n, 1)) for n, b in enumerate(bodies)]
+        t1 = time.process_time()
+        out = await handler(batch)  # feedback_item per event, then apply_feedback_batch
+        t2 = time.process_time()
+        if measuring:
+            stages["decode"] += t1 - t0
+            stages["handler"] += t2 - t1
+            # The handler's first step again, timed apart (outside the totals).
+            t3 = time.process_time()
+            [feedback_item(e) for e, _ in batch]
+            aside[0] = time.process_time() - t3
+            stages["  of which feedback_item"] += aside[0]
+        return sum(1 for o in out if o is None)
 
     async def peer(bodies: list[bytes]) -> int:
         return sum(1 for o in await peers.apply_batch(conn, bodies) if o)
 
+    profiler = _profiler() if profile else None
     cpu: dict[str, list[float]] = {"flywheel": [], "peer": []}
     for b in range(batches + 2):  # the first two are warm-up (statements prepared, caches)
+        measuring = b >= 2
         for label, fn, name in (("flywheel", flywheel, "fly"), ("peer", peer, "peer")):
             bodies = events_for(decisions[name], f"b{b}")
+            on = profiler is not None and label == "flywheel" and b >= 2
             t0 = time.process_time()
+            if on:
+                profiler.enable()
             applied = await fn(bodies)
             await asyncio.sleep(0.06)  # the cache's snapshot rebuild after a commit counts too
-            spent = time.process_time() - t0
+            if on:
+                profiler.disable()
+            spent = time.process_time() - t0 - aside[0]
+            aside[0] = 0.0
             assert applied == len(bodies), (label, applied)
             if b >= 2:
                 cpu[label].append(1e6 * spent / applied)
+                if label == "flywheel":
+                    stages["total (with the fold's rebuild)"] += spent
     await conn.close()
     await engine.dispose()
+    if profiler is not None:  # cProfile inflates Python-heavy code: read shares, not rates
+        import pstats
+
+        out = pstats.Stats(profiler).strip_dirs()
+        out.sort_stats("tottime").print_stats(30)
+        out.sort_stats("cumulative").print_stats(40)
     for label, values in cpu.items():
         print(
             f"{label:>9}: median {statistics.median(values):6.1f} CPU us/update "
             f"(min {min(values):.1f}, max {max(values):.1f}, {len(values)} batches of {size})"
         )
+    for stage, seconds in stages.items():
+        print(f"  flywheel {stage}: {1e6 * seconds / (batches * size):.1f} CPU us/update (mean)")
     return 0
+
+
+def _profiler() -> Any:
+    """A cProfile.Profile; this folder's profile.py would shadow the stdlib's ``profile``."""
+    here = Path(__file__).parent.resolve()
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    try:
+        import cProfile
+    finally:
+        sys.path[:] = saved
+    return cProfile.Profile()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.core.bus.consumer import Deferred, Delivery, Reject, Retry
 from flywheel.core.errors import InvalidArgument, NotFound, is_transient
-from flywheel.core.validation import check_numbers, check_string, check_timestamp
+from flywheel.core.validation import (
+    MAX_TIMESTAMP_S,
+    MIN_TIMESTAMP_S,
+    check_numbers,
+    check_string,
+    check_timestamp,
+)
 from flywheel.optimizer import service
 from flywheel.optimizer.decisions import DecisionLog
 from flywheel.optimizer.service import (
@@ -49,22 +55,42 @@ MAX_DEFER_DEADLINE_S = 10.0
 # The first retry waits this many flush intervals: one interval plus the time its write takes.
 DEFER_AFTER_INTERVALS = 1.5
 DEFAULT_FLUSH_INTERVAL_S = 0.02
+MAX_NANOS = 999_999_999
 
 
 def feedback_item(e: FeedbackEvent) -> FeedbackItem:
     """The event as a feedback item, its fields checked (raises Invalid naming the field)."""
+    meta = e.meta
+    event_id, decision_id, endpoint = meta.event_id, e.decision_id, e.endpoint
+    ts = meta.time
+    seconds, nanos = ts.seconds, ts.nanos
+    joined = event_id + decision_id + endpoint
+    # The common case (no signals, ASCII ids that fit, a timestamp in range) in a few
+    # operations, about a quarter of the checks' cost; anything else takes the checks below,
+    # which say what is wrong. Protobuf attribute reads cost ~0.1-0.2 us each, so each is read once.
+    if (
+        not e.signals
+        and len(event_id) <= EVENT_ID_CHARS
+        and len(decision_id) <= DECISION_ID_CHARS
+        and len(endpoint) <= ENDPOINT_CHARS
+        and joined.isascii()
+        and "\x00" not in joined
+        and MIN_TIMESTAMP_S <= seconds <= MAX_TIMESTAMP_S
+        and 0 <= nanos <= MAX_NANOS
+    ):
+        return FeedbackItem(event_id, decision_id, e.reward if e.HasField("reward") else None, {}, endpoint)
     # Empty ids are refused by service._check, with the message the SDK's users know.
-    check_string(e.meta.event_id, "meta.event_id", max_len=EVENT_ID_CHARS)
-    check_string(e.decision_id, "decision_id", max_len=DECISION_ID_CHARS)
-    check_string(e.endpoint, "endpoint", max_len=ENDPOINT_CHARS)
-    check_timestamp(e.meta.time, "meta.time")
+    check_string(event_id, "meta.event_id", max_len=EVENT_ID_CHARS)
+    check_string(decision_id, "decision_id", max_len=DECISION_ID_CHARS)
+    check_string(endpoint, "endpoint", max_len=ENDPOINT_CHARS)
+    check_timestamp(ts, "meta.time")
     check_numbers(e.signals, "signals")
     return FeedbackItem(
-        event_id=e.meta.event_id,
-        decision_id=e.decision_id,
+        event_id=event_id,
+        decision_id=decision_id,
         reward=e.reward if e.HasField("reward") else None,
         signals=dict(e.signals),
-        endpoint=e.endpoint,
+        endpoint=endpoint,
     )
 
 
@@ -113,6 +139,8 @@ class FeedbackHandler:
         outcomes = await self._apply([it for _, it in items])
         late: list[tuple[int, FeedbackItem, int]] = []
         for (i, item), o in zip(items, outcomes, strict=True):
+            if type(o) is FeedbackOutcome:
+                continue  # applied or a duplicate (the common case): acked, results[i] stays None
             attempt = batch[i][1].num_delivered
             if isinstance(o, NotLoggedYet) and self._defer_deadline_s > 0:
                 late.append((i, item, attempt))  # in another replica's buffer: written within moments

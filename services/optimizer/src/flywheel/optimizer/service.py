@@ -10,7 +10,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import JSON, select, text, update
 from sqlalchemy.exc import IntegrityError
@@ -92,8 +92,9 @@ _ARM_TOTALS = text(
 )
 
 
-@dataclass(frozen=True)
-class FeedbackOutcome:
+# A NamedTuple: immutable like a frozen dataclass, and made per applied event for a third of its
+# cost (0.7 against 2.5 us; a batch of 1000 events makes ~1000 of them).
+class FeedbackOutcome(NamedTuple):
     applied: bool
     endpoint: str
     arm_id: str
@@ -279,19 +280,30 @@ def _missing_decision(decision_id: str) -> ServiceError:
     return NotFound(f"decision {decision_id!r} is unknown (never logged, or from another deployment)")
 
 
+class _Decision(NamedTuple):
+    """The columns of a decision that its feedback needs (the first six of ``_DECISIONS``)."""
+
+    decision_id: str
+    endpoint: str
+    arm_id: str
+    segment: str
+    features: list[float] | None
+    created_at: datetime
+
+
 @dataclass(frozen=True)
 class _Target:
     """A decision of the batch that feedback can apply to, with what its endpoint says about
     rewards (looked up once per decision, not per event)."""
 
-    decision: Any  # a Row with DecisionRow's columns
+    decision: _Decision
     weights: dict[str, float]
     bounded: bool
     kind: str
 
 
 def _target(
-    decision_id: str, decisions: dict[str, Any], endpoints: dict[str, Any], now: datetime, window: timedelta
+    decision_id: str, decisions: dict[str, _Decision], endpoints: dict[str, Any], now: datetime, window: timedelta
 ) -> _Target | ServiceError:
     """What feedback for ``decision_id`` applies to, or the error every such event gets."""
     decision = decisions.get(decision_id)
@@ -348,9 +360,16 @@ async def apply_feedback_batch(
             outcomes[i] = exc
     ids = {it.decision_id for i, it in enumerate(items) if outcomes[i] is None}
     rows = (await session.execute(_DECISIONS, {"ids": list(ids)})).all() if ids else []
-    decisions = {d.decision_id: d for d in rows}
+    # Each decision's columns copied out of its Row once: a Row's attribute costs ~0.5-1 us,
+    # a NamedTuple's ~0.04, and the loops below read them several times per event.
+    decisions: dict[str, _Decision] = {}
     # name -> a row with the endpoint's policy_kind, policy, reward_spec and decisions_total
-    endpoints: dict[str, Any] = {d.endpoint: d for d in rows if d.n == 1 and d.endpoint_name is not None}
+    endpoints: dict[str, Any] = {}
+    for row in rows:
+        d = _Decision._make(row[:6])
+        decisions[d.decision_id] = d
+        if row[6] == 1 and row[7] is not None:  # n, endpoint_name: its endpoint's columns ride on it
+            endpoints[d.endpoint] = row
 
     # Per decision (a batch holds several events of each), not per event: the endpoint, the
     # feedback window, the reward settings.
@@ -372,6 +391,10 @@ async def apply_feedback_batch(
                 f"endpoint: the feedback names {item.endpoint!r}, but decision {item.decision_id!r} "
                 f"was made by {target.decision.endpoint!r}"
             )
+            continue
+        value = item.reward
+        if value is not None and target.bounded and not target.weights and 0.0 <= value <= 1.0:
+            pending.append((i, target, value))  # the common case: what _reward returns, without the call
             continue
         value = _reward(item, target)
         if isinstance(value, ServiceError):
@@ -413,13 +436,34 @@ async def apply_feedback_batch(
                 acc[0] += 1.0
                 acc[1] += value
                 acc[2] += value * value
+    # Then per (endpoint, arm, segment) as plain floats, and per arm for the counters; only a
+    # decision with features (linear endpoints) costs an Increment.add_sums (its outer product).
+    plain: dict[tuple[str, str, str], list[float]] = {}
     increments: dict[tuple[str, str, str], stats.Increment] = defaultdict(stats.Increment)
     totals: dict[tuple[str, str], stats.Increment] = defaultdict(stats.Increment)
     for decision_id, (n, s, ss) in sums.items():
         d = decisions[decision_id]
-        for segment in {"", d.segment}:
-            increments[(d.endpoint, d.arm_id, segment)].add_sums(n, s, ss, d.features)
-        totals[(d.endpoint, d.arm_id)].add_sums(n, s, ss, None)
+        features = d.features
+        keys = [(d.endpoint, d.arm_id, "")]
+        if d.segment:
+            keys.append((d.endpoint, d.arm_id, d.segment))
+        if features is not None:
+            for key in keys:
+                increments[key].add_sums(n, s, ss, features)
+        else:
+            for key in keys:
+                acc = plain.get(key)
+                if acc is None:
+                    plain[key] = [n, s, ss]
+                else:
+                    acc[0] += n
+                    acc[1] += s
+                    acc[2] += ss
+    for key, (n, s, ss) in plain.items():
+        increments[key].add_sums(n, s, ss, None)
+    for (endpoint, arm_id, segment), inc in increments.items():
+        if not segment:
+            totals[(endpoint, arm_id)].add_sums(inc.w, inc.s, inc.ss, None)
     # Sorted, so two replicas lock rows in the same order and cannot deadlock. One statement
     # per endpoint for the statistics (its policy sets the decay), one for all arms' counters.
     by_endpoint: dict[str, list[tuple[str, str, stats.Increment]]] = defaultdict(list)
