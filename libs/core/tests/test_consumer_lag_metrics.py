@@ -1,9 +1,12 @@
 """EventConsumer exports its lag: each event's age when taken (from JetStream's stored
-timestamp) and the messages still waiting after the last fetch, labelled by consumer."""
+timestamp) and the messages still waiting after the last fetch, labelled by consumer; and the
+same lag cut into stages (busy, fetch, queue, handle, ack, total)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 from types import SimpleNamespace
 
 from prometheus_client import REGISTRY
@@ -50,3 +53,38 @@ async def test_event_age_and_pending_are_exported_per_consumer():
     assert _sample("flywheel_event_age_seconds_count", c.name) - count0 == 2
     assert 49.0 < _sample("flywheel_event_age_seconds_sum", c.name) - sum0 < 60.0
     assert _sample("flywheel_consumer_pending", c.name) == 8  # as of the last message fetched
+
+
+def _stage(consumer: str, stage: str, what: str = "sum") -> float:
+    return (
+        REGISTRY.get_sample_value(f"flywheel_event_lag_seconds_{what}", {"consumer": consumer, "stage": stage}) or 0.0
+    )
+
+
+async def test_each_event_s_lag_is_cut_into_stages():
+    async def handler(items):
+        await asyncio.sleep(0.05)
+        return [None] * len(items)
+
+    catalogue = Catalogue("stages")
+    c = EventConsumer(
+        js=None,  # type: ignore[arg-type]
+        catalogue=catalogue,
+        spec=catalogue.consumer("optimizer-feedback"),
+        message_type=FeedbackEvent,
+        batch_handler=handler,
+    )
+    stages = ("busy", "fetch", "queue", "handle", "ack", "total")
+    count0 = {s: _stage(c.name, s, "count") for s in stages}
+    sum0 = {s: _stage(c.name, s) for s in stages}
+    # Stored 30 s and 5 s ago; the fetch that took them was sent 10 s ago.
+    requested = time.time() - 10.0
+    await c._process([FakeMsg(1, age_s=30.0, pending=1), FakeMsg(2, age_s=5.0, pending=0)], requested)  # type: ignore[list-item]
+    got = {s: _stage(c.name, s) - sum0[s] for s in stages}
+    assert all(_stage(c.name, s, "count") - count0[s] == 2 for s in stages)
+    assert 19.9 < got["busy"] < 20.5  # 30 - 10 for the first, 0 for the one stored after the request
+    assert 14.9 < got["fetch"] < 15.5  # 10 for the first (request -> fetched), 5 for the second
+    assert got["queue"] < 0.05  # handled at once
+    assert 0.1 <= got["handle"] < 0.5  # 50 ms each
+    assert got["ack"] < 0.05
+    assert 35.1 < got["total"] < 36.0  # 30.05 + 5.05

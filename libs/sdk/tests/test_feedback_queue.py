@@ -79,3 +79,20 @@ async def test_memory_is_bounded_the_caller_gets_queue_full() -> None:
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="max_pending and max_in_flight must be >= 1"):
         FeedbackQueue(Recorder(), max_pending=0)
+
+
+async def test_each_ack_keeps_its_latency_from_queued_to_acknowledged() -> None:
+    publish = Recorder(delay_s=0.03, fail_first=1)  # every event: one failure, then acked
+    queue = FeedbackQueue(publish, max_in_flight=4)
+    assert queue.stats.ack_quantile(0.5) is None  # nothing acked yet
+    for i in range(6):
+        put(queue, i)
+    await queue.flush()
+    await queue.close()
+    assert len(queue.stats.ack_seconds) == 6
+    # Two publishes of 30 ms each and a retry pause of at least 25 ms: the latency spans them all.
+    assert min(queue.stats.ack_seconds) >= 0.08
+    assert queue.stats.ack_quantile(0.0) == min(queue.stats.ack_seconds)
+    assert queue.stats.ack_quantile(1.0) == max(queue.stats.ack_seconds)
+    with pytest.raises(ValueError, match="q must be within"):
+        queue.stats.ack_quantile(1.5)

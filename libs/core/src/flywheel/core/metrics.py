@@ -25,6 +25,17 @@ EVENT_AGE = Histogram(
     ["consumer"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
+# The same lag cut into stages, per event, finely enough for milliseconds (bench/service-regret/lag.py):
+# "busy" stored -> the fetch that took it was sent (the consumer was not fetching: handling earlier
+# batches, or holding as many as it may), "fetch" the later of stored and that request -> fetched,
+# "queue" fetched -> its batch's handling began, "handle" -> the handler returned (for
+# optimizer-feedback: applied, committed and folded), "ack" -> acked, and "total" stored -> acked.
+EVENT_LAG = Histogram(
+    "flywheel_event_lag_seconds",
+    "Stages of an event's way from the stream to settled (busy, fetch, queue, handle, ack, total)",
+    ["consumer", "stage"],
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 10, 60),
+)
 PENDING = Gauge("flywheel_consumer_pending", "Messages waiting for the consumer after its last fetch", ["consumer"])
 READY = Gauge("flywheel_dependency_ready", "1 when the dependency answered its last check", ["dependency"])
 

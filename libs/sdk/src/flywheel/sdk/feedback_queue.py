@@ -10,7 +10,9 @@ Memory is bounded: at most ``max_pending`` events wait; past that ``feedback_now
 ``FeedbackQueueFull`` (the caller chooses to drop, or to ``await flush()`` and try again).
 ``flush()`` waits until every event queued so far has been acknowledged or has failed;
 ``close()`` flushes, then stops the publishers. Failures are counted and the last few kept
-(``stats``), never raised into the product's request path."""
+(``stats``), never raised into the product's request path. ``stats`` also keeps how long the
+latest events took from ``feedback_nowait`` to JetStream's acknowledgement (the SDK's share of the
+feedback lag; bench/service-regret/lag.py reads it)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ class FeedbackQueueFull(RuntimeError):
     """``max_pending`` events are already waiting: drop this one, or flush and retry."""
 
 
+# How many of the latest acknowledged events' latencies ``FeedbackQueueStats`` keeps.
+ACK_SECONDS_KEPT = 8192
+
+
 @dataclass
 class FeedbackQueueStats:
     queued: int = 0
@@ -40,10 +46,21 @@ class FeedbackQueueStats:
     retried: int = 0
     failed: int = 0
     last_errors: deque[str] = field(default_factory=lambda: deque(maxlen=10))
+    # Seconds from queued to acknowledged by JetStream (retries included), latest events only.
+    ack_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=ACK_SECONDS_KEPT))
 
     @property
     def pending(self) -> int:
         return self.queued - self.acked - self.failed
+
+    def ack_quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0..1, nearest rank) of ``ack_seconds``; None before any ack."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be within [0, 1], got {q}")
+        if not self.ack_seconds:
+            return None
+        ordered = sorted(self.ack_seconds)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,7 @@ class _Item:
     reward: float | None
     signals: dict[str, float] | None
     event_id: str
+    queued_at: float  # time.monotonic() when feedback_nowait queued it
 
 
 class FeedbackQueue:
@@ -82,7 +100,7 @@ class FeedbackQueue:
         if not self._workers:  # started lazily, inside the caller's event loop
             self._workers = [asyncio.create_task(self._run()) for _ in range(self._max_in_flight)]
         try:
-            self._queue.put_nowait(_Item(endpoint, decision_id, reward, signals, event_id))
+            self._queue.put_nowait(_Item(endpoint, decision_id, reward, signals, event_id, time.monotonic()))
         except asyncio.QueueFull:
             raise FeedbackQueueFull(
                 f"{self._queue.maxsize} feedback events are waiting for JetStream; drop this one or flush()"
@@ -131,4 +149,5 @@ class FeedbackQueue:
                 delay = min(delay * 2, 2.0)
             else:
                 self.stats.acked += 1
+                self.stats.ack_seconds.append(time.monotonic() - item.queued_at)
                 return

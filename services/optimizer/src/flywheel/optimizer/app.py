@@ -128,6 +128,8 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             message_type=FeedbackEvent,
             batch_handler=FeedbackHandler(database.sessions, window, decisions, folds),
             batch_size=1000,  # one transaction per 1000 events when there is a backlog
+            prefetch=settings.feedback_prefetch,
+            max_batches=settings.feedback_max_batches,
         )
     )
     # Batch runs: results fold in exactly once (a row per run, candidate and test case);

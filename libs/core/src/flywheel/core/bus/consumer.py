@@ -26,6 +26,13 @@ background task settles it, by the same rules, when the future resolves. Those t
 (``max_deferred`` groups, one group per fetched batch); past the bound a deferral is settled as a
 Retry. ``stop()`` waits for them, then cancels the rest: a message never settled is redelivered
 by JetStream after ``ack_wait``, so nothing is lost. Deferrals must be short next to ``ack_wait``.
+
+By default a batch is fetched, handled and settled before the next fetch. With ``prefetch`` a
+fetching task goes on while a batch is handled (holding at most ``batch_size`` messages), and what
+it holds is handled next as one batch; ``max_batches`` > 1 also handles that many batches at once
+(the handler must be safe to run concurrently with itself). Each event's way through the consumer
+is timed in stages (``flywheel_event_lag_seconds{consumer,stage}``: busy, fetch, queue, handle,
+ack, total; docs/operations.md).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from flywheel.core.bus.connection import ensure_consumer
 from flywheel.core.bus.publisher import Publisher
 from flywheel.core.errors import describe, is_transient, rejects_the_data
 from flywheel.core.logging import bound, get_logger
-from flywheel.core.metrics import EVENT_AGE, EVENT_SECONDS, EVENTS_TOTAL, PENDING
+from flywheel.core.metrics import EVENT_AGE, EVENT_LAG, EVENT_SECONDS, EVENTS_TOTAL, PENDING
 
 log = get_logger(__name__)
 M = TypeVar("M", bound=Message)
@@ -82,6 +89,15 @@ class Deferred(Exception):
         super().__init__(reason)
         self.outcome = outcome
         self.delay_s = delay_s
+
+
+@dataclass(frozen=True)
+class _Parcel:
+    """The messages of one fetch, when (epoch seconds) it was requested and when it returned."""
+
+    messages: list[Msg]
+    requested: float
+    fetched: float
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,8 @@ class EventConsumer(Generic[M]):
         batch_size: int = 256,
         fetch_timeout_s: float = 0.5,
         max_deferred: int = 64,
+        prefetch: bool = False,
+        max_batches: int = 1,
     ) -> None:
         self._js = js
         self._catalogue = catalogue
@@ -140,6 +158,15 @@ class EventConsumer(Generic[M]):
         self._publisher = Publisher(js)
         self._batch_size = batch_size
         self._fetch_timeout_s = fetch_timeout_s
+        # prefetch: fetch on while a batch is handled (see _run); _held counts what waits in hand.
+        # max_batches > 1 (batches handled at once; implies prefetch) needs a handler that is safe
+        # to run concurrently with itself (the optimizer's: dedup by event id, rows locked in order).
+        if max_batches < 1:
+            raise ValueError(f"max_batches must be >= 1, got {max_batches}")
+        self._max_batches = max_batches
+        self._prefetch = prefetch or max_batches > 1
+        self._held = 0
+        self._room = asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # Background tasks settling deferred messages, one per fetched batch that had any.
@@ -154,6 +181,12 @@ class EventConsumer(Generic[M]):
         self._acked = EVENTS_TOTAL.labels(name, "ack")
         self._retried = EVENTS_TOTAL.labels(name, "retry")
         self._dead_lettered = EVENTS_TOTAL.labels(name, "deadletter")
+        self._lag_busy = EVENT_LAG.labels(name, "busy")
+        self._lag_fetch = EVENT_LAG.labels(name, "fetch")
+        self._lag_queue = EVENT_LAG.labels(name, "queue")
+        self._lag_handle = EVENT_LAG.labels(name, "handle")
+        self._lag_ack = EVENT_LAG.labels(name, "ack")
+        self._lag_total = EVENT_LAG.labels(name, "total")
 
     @property
     def name(self) -> str:
@@ -186,49 +219,147 @@ class EventConsumer(Generic[M]):
                 await self._sub.unsubscribe()
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
-        backoff = 0.1
-        while not self._stopping.is_set():
-            try:
-                messages = await sub.fetch(self._batch_size, timeout=self._fetch_timeout_s)
-            except (TimeoutError, NatsTimeoutError):
-                continue
-            except Exception as exc:  # noqa: BLE001 - NATS down or reconnecting; readiness reports it
-                log.warning("fetch failed", consumer=self.name, error=str(exc))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.1
-            await self._process(messages)
+        if not self._prefetch:
+            await self._fetch_loop(sub, None)
+            return
+        # Fetching goes on while a batch is handled: what arrives meanwhile is in hand when the
+        # handler is free, instead of waiting for a fetch that starts only then. Batches are
+        # handled in the order fetched, ``max_batches`` at a time (one: one after another); at most
+        # ``batch_size`` messages are held beside them.
+        parcels: asyncio.Queue[_Parcel | None] = asyncio.Queue()
+        fetcher = asyncio.create_task(self._fetch_loop(sub, parcels), name=f"consumer:{self.name}:fetch")
+        slots = asyncio.Semaphore(self._max_batches)
+        handling: set[asyncio.Task[None]] = set()
+        try:
+            done = False
+            while not done:
+                await slots.acquire()  # first a free slot: what arrives meanwhile joins the next batch
+                first = await parcels.get()
+                if first is None:
+                    break
+                batch = [first]
+                while not parcels.empty():  # everything else already fetched joins this batch
+                    more = parcels.get_nowait()
+                    if more is None:
+                        done = True
+                        break
+                    batch.append(more)
+                self._held -= sum(len(p.messages) for p in batch)
+                self._room.set()
+                if self._max_batches == 1:
+                    try:
+                        await self._process_parcels(batch)
+                    finally:
+                        slots.release()
+                    continue
+                task = asyncio.create_task(self._process_in_slot(batch, slots), name=f"consumer:{self.name}:batch")
+                handling.add(task)
+                task.add_done_callback(handling.discard)
+            if handling:
+                await asyncio.wait(set(handling))
+        finally:
+            fetcher.cancel()
+            for task in handling:  # cancelled (stop() gave up): unsettled, so redelivered later
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fetcher
 
-    async def _process(self, messages: list[Msg]) -> None:
-        started = time.perf_counter()
+    async def _process_in_slot(self, batch: list[_Parcel], slots: asyncio.Semaphore) -> None:
+        """One of several batches handled at once; a failure to settle is logged (what was not
+        settled is redelivered after ``ack_wait``) rather than lost in a task nobody awaits."""
+        try:
+            await self._process_parcels(batch)
+        except Exception as exc:  # noqa: BLE001 - NATS away while settling, say
+            log.warning("a batch could not be settled", consumer=self.name, error=repr(exc))
+        finally:
+            slots.release()
+
+    async def _fetch_loop(
+        self, sub: JetStreamContext.PullSubscription, parcels: asyncio.Queue[_Parcel | None] | None
+    ) -> None:
+        """Fetch until stopped; each batch is processed here (``parcels`` None) or handed over
+        to ``_run``'s handling loop, holding at most ``batch_size`` messages not yet taken."""
+        backoff = 0.1
+        try:
+            while not self._stopping.is_set():
+                room = self._batch_size - self._held if parcels is not None else self._batch_size
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                requested = time.time()
+                try:
+                    messages = await sub.fetch(room, timeout=self._fetch_timeout_s)
+                except (TimeoutError, NatsTimeoutError):
+                    continue
+                except Exception as exc:  # noqa: BLE001 - NATS down or reconnecting; readiness reports it
+                    log.warning("fetch failed", consumer=self.name, error=str(exc))
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.1
+                parcel = _Parcel(messages, requested, time.time())
+                if parcels is None:
+                    await self._process_parcels([parcel])
+                else:
+                    self._held += len(messages)
+                    parcels.put_nowait(parcel)
+        finally:
+            if parcels is not None:
+                parcels.put_nowait(None)  # the handling loop ends once it has handled the rest
+
+    async def _process(self, messages: list[Msg], requested: float | None = None) -> None:
+        """Decode, handle and settle one fetched batch; ``requested`` is when (epoch seconds) the
+        fetch that brought it was sent (None: now), splitting each event's wait into "busy" and
+        "fetch" stages."""
         now = time.time()
+        await self._process_parcels([_Parcel(messages, min(requested or now, now), now)])
+
+    async def _process_parcels(self, parcels: list[_Parcel]) -> None:
+        """Decode, handle (as one batch) and settle the messages of one or more fetches."""
+        started = time.perf_counter()
         decoded: list[tuple[Msg, M, Delivery]] = []
+        stored_at: list[float | None] = []
+        fetched_at: list[float] = []
         pending: int | None = None
-        for msg in messages:
-            sequence, delivered, stored, pending = _facts(msg)
-            if stored is not None:
-                self._age.observe(max(0.0, now - stored))
-            # The message's own headers dict (nats-py builds one per message; no copy needed).
-            delivery = Delivery(msg.subject, msg.headers or {}, sequence, delivered)
-            try:
-                decoded.append((msg, decode(msg.data, delivery.headers, self._message_type), delivery))
-            except MalformedEvent as exc:
-                await self._dead_letter(msg, delivery, str(exc))
-            except Exception as exc:  # noqa: BLE001 - a parser error of another kind: still malformed
-                await self._dead_letter(msg, delivery, f"cannot decode the payload: {describe(exc)}")
+        for parcel in parcels:
+            now, requested = parcel.fetched, parcel.requested
+            for msg in parcel.messages:
+                sequence, delivered, stored, pending = _facts(msg)
+                if stored is not None:
+                    self._age.observe(max(0.0, now - stored))
+                    # Stored before the fetch was sent: the consumer was not fetching then.
+                    self._lag_busy.observe(max(0.0, requested - stored))
+                    self._lag_fetch.observe(max(0.0, now - max(stored, requested)))
+                # The message's own headers dict (nats-py builds one per message; no copy needed).
+                delivery = Delivery(msg.subject, msg.headers or {}, sequence, delivered)
+                try:
+                    decoded.append((msg, decode(msg.data, delivery.headers, self._message_type), delivery))
+                    stored_at.append(stored)
+                    fetched_at.append(now)
+                except MalformedEvent as exc:
+                    await self._dead_letter(msg, delivery, str(exc))
+                except Exception as exc:  # noqa: BLE001 - a parser error of another kind: still malformed
+                    await self._dead_letter(msg, delivery, f"cannot decode the payload: {describe(exc)}")
         if pending is not None:  # the last message's: what is left behind this batch
             self._pending.set(pending)
         if not decoded:
             return
+        handling = time.time()
         outcomes = await self._handle([(event, delivery) for _, event, delivery in decoded])
+        handled = time.time()
         later: list[tuple[Msg, Delivery, Deferred]] = []
         acked = 0
         try:
-            for (msg, _, delivery), outcome in zip(decoded, outcomes, strict=True):
+            for (msg, _, delivery), outcome, stored, fetched in zip(
+                decoded, outcomes, stored_at, fetched_at, strict=True
+            ):
+                self._lag_queue.observe(max(0.0, handling - fetched))
+                self._lag_handle.observe(handled - handling)
                 if outcome is None:  # the hot path: ack, counted once per batch below
                     await msg.ack()
                     acked += 1
+                    self._observe_settled(handled, stored)
                 elif isinstance(outcome, Deferred):
                     later.append((msg, delivery, outcome))
                 else:
@@ -265,10 +396,20 @@ class EventConsumer(Generic[M]):
             if isinstance(outcome, Deferred):  # deferred once already: no second wait
                 outcome.outcome.add_done_callback(_consume)
                 outcome = Retry(str(outcome), delay_s=outcome.delay_s)
+            resolved = time.time()
             try:
                 await self._settle(msg, delivery, outcome)
+                if outcome is None:
+                    self._observe_settled(resolved, _facts(msg)[2])
             except Exception as exc:  # noqa: BLE001 - NATS away: unsettled, so redelivered after ack_wait
                 log.warning("could not settle a deferred message", consumer=self.name, error=repr(exc))
+
+    def _observe_settled(self, handled: float, stored: float | None) -> None:
+        """An event acked now whose outcome was known at ``handled``: the "ack" and "total" stages."""
+        acked = time.time()
+        self._lag_ack.observe(max(0.0, acked - handled))
+        if stored is not None:
+            self._lag_total.observe(max(0.0, acked - stored))
 
     async def _handle(self, items: list[tuple[M, Delivery]]) -> list[BaseException | None]:
         """The handler's outcomes for ``items``; when it raises for the whole batch, the batch is

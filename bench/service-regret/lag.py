@@ -1,0 +1,269 @@
+"""Where the feedback lag goes: decision -> feedback applied, stage by stage, through the real service.
+
+    python bench/service-regret/lag.py [--horizon 2000] [--modes paced,unpaced] [--repeats N] [--out PATH]
+    python bench/service-regret/lag.py --variant off:FEEDBACK_PREFETCH=false --variant on:FEEDBACK_PREFETCH=true
+
+One optimizer replica on real NATS, PostgreSQL and S3 (``service.Stack``), a product playing the
+stationary world (k = 10) through the SDK as ``run.py`` does (``service.play_service``: Select,
+then ``feedback_nowait`` at once), paced at 200 decisions/s and unpaced (at most 8 Selects in
+flight). Per mode it reports p50/p90/p99 of each stage, in milliseconds and in decisions served
+meanwhile (ms x the mode's measured rate):
+
+- ``sdk``: ``feedback_nowait`` -> JetStream acknowledged the publish (the SDK's
+  ``FeedbackQueueStats.ack_seconds``; includes the store and the acknowledgement's way back);
+- ``busy``: stored in the stream -> the consumer sent the fetch that took it (it waited while
+  earlier batches were handled);
+- ``fetch``: the later of stored and that fetch request -> fetched;
+- ``queue``: fetched -> its batch's handling began (held while earlier batches were handled);
+- ``handle``: -> the handler returned (one transaction applied, committed, folded);
+- ``ack``: handler returned -> acked; ``total``: stored -> acked.
+
+The consumer's stages come from the replica's ``flywheel_event_lag_seconds`` histogram (scraped
+before and after each mode; quantiles interpolated within buckets as PromQL's
+``histogram_quantile`` does). ``--variant NAME:KEY=VALUE[,KEY=VALUE]`` (repeatable) runs the
+replica with those ``FLYWHEEL_OPTIMIZER_*`` settings; the variants take turns within each repeat
+(a fresh replica each time), so that a comparison on a busy machine is paired, run for run.
+Writes ``bench/results/service-regret-lag.json`` (stamped by ``flywheel.stack.benchstamp``) and
+prints it as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "regret")]
+from service import Mode, Stack, log, play_service, scrape  # noqa: E402
+from worlds import make_world  # noqa: E402
+
+from flywheel.sdk import FlywheelClient  # noqa: E402
+from flywheel.stack.benchstamp import RESULTS, write_results  # noqa: E402
+
+CONSUMER = "optimizer-feedback"
+INF = float("inf")
+LAG = "flywheel_event_lag_seconds"
+STAGES = ("busy", "fetch", "queue", "handle", "ack", "total")
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def buckets(text: str, stage: str, consumer: str = CONSUMER) -> dict[float, float]:
+    """Cumulative bucket counts {upper bound: count} of one stage of ``flywheel_event_lag_seconds``."""
+    out: dict[float, float] = {}
+    for labels, value in re.findall(rf"^{LAG}_bucket\{{([^}}]*)\}} (\S+)$", text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if got.get("consumer") == consumer and got.get("stage") == stage:
+            out[float(got["le"])] = out.get(float(got["le"]), 0.0) + float(value)
+    return out
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The ``q`` quantile of the observations between two scrapes, interpolated linearly within its
+    bucket (PromQL's rule; the last finite bound when it falls in +Inf). None when nothing was seen."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, cumulative
+    return lower
+
+
+def row(seconds: dict[float, float | None], rate: float, count: float) -> dict[str, Any]:
+    """{"p50_ms": ..., "p50_decisions": ..., ..., "count": n} for one stage."""
+    out: dict[str, Any] = {"count": int(count)}
+    for q, s in seconds.items():
+        name = f"p{round(q * 100)}"
+        out[f"{name}_ms"] = None if s is None else round(s * 1e3, 2)
+        out[f"{name}_decisions"] = None if s is None else round(s * rate, 1)
+    return out
+
+
+class RecordingStack(Stack):
+    """A ``Stack`` that keeps the SDK clients it hands out, to read their feedback queues' stats."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__(keep=keep)
+        self.handed: list[FlywheelClient] = []
+
+    def clients(self) -> list[FlywheelClient]:
+        got = super().clients()
+        self.handed += got
+        return got
+
+
+async def measure(
+    stack: RecordingStack, mode: Mode, horizon: int, k: int, seed: int, run: int, variant: str
+) -> tuple[dict[str, Any], Raw]:
+    """One run of ``mode`` on the running replica: its row, and the raw samples to pool."""
+    world = make_world("stationary", "bernoulli", k, seed, horizon, 0.1, 100)
+    port = stack.replicas[0].metrics_port
+    before = {s: buckets(scrape(port), s) for s in STAGES}
+    stack.handed = []
+    result = await play_service(stack, world, mode, f"lag-{variant}-{mode.name}-{run}", {})
+    await asyncio.sleep(0.5)  # the last acks observed
+    text = scrape(port)
+    after = {s: buckets(text, s) for s in STAGES}
+    queues = [c._feedback_queue for c in stack.handed if c._feedback_queue is not None]
+    raw = Raw(
+        sdk=[x for q in queues for x in q.stats.ack_seconds],
+        stages={s: {le: n - before[s].get(le, 0.0) for le, n in after[s].items()} for s in STAGES},
+        rates=[result.rate],
+    )
+    return {
+        "variant": variant,
+        "mode": mode.name,
+        "rate": round(result.rate, 1),
+        "seconds": round(result.seconds, 2),
+        "applied": result.applied,
+        "bounces": result.bounces,
+        "retries": result.retries,
+        "select_p50_ms": round(float(np.median(result.select_ms)), 2),
+        "stages": raw.summary(),
+    }, raw
+
+
+@dataclass
+class Raw:
+    """What one run (or several, pooled) observed: the SDK's ack latencies, each stage's bucket
+    counts between the scrapes, and the runs' decision rates."""
+
+    sdk: list[float] = field(default_factory=list)
+    stages: dict[str, dict[float, float]] = field(default_factory=dict)
+    rates: list[float] = field(default_factory=list)
+
+    def add(self, other: Raw) -> None:
+        self.sdk += other.sdk
+        self.rates += other.rates
+        for stage, counts in other.stages.items():
+            mine = self.stages.setdefault(stage, {})
+            for le, n in counts.items():
+                mine[le] = mine.get(le, 0.0) + n
+
+    def summary(self) -> dict[str, Any]:
+        """Per stage: p50/p90/p99 in ms and in decisions (at the runs' mean rate), and the count."""
+        rate = float(np.mean(self.rates)) if self.rates else float("nan")
+        sdk = np.array(self.sdk)
+        out = {"sdk": row({q: float(np.quantile(sdk, q)) if sdk.size else None for q in QUANTILES}, rate, sdk.size)}
+        for stage, counts in self.stages.items():
+            out[stage] = row({q: histogram_quantile(q, {}, counts) for q in QUANTILES}, rate, counts.get(INF, 0.0))
+        return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """One line per (variant, mode, stage): the quantiles in ms and in decisions, and the count."""
+    lines = [
+        f"{'variant':<10}{'mode':<14}{'rate/s':>8}  {'stage':<8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'p50 dec':>9}{'p90 dec':>9}{'p99 dec':>9}{'n':>7}"
+    ]
+    for r in rows:
+        for stage, st in r["stages"].items():
+            cells = [st.get(f"p{p}_{u}") for u in ("ms", "decisions") for p in (50, 90, 99)]
+            text = "".join(f"{'-' if c is None else c:>9}" for c in cells)
+            lines.append(f"{r['variant']:<10}{r['mode']:<14}{r['rate']:>8}  {stage:<8}{text}{st['count']:>7}")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    stack = RecordingStack(keep=args.keep)
+    rows: list[dict[str, Any]] = []
+    pooled: dict[tuple[str, str], Raw] = {}
+    try:
+        stack.start()
+        base = dict(stack.env)
+        modes = {"paced": Mode(1, args.rate, 32), "unpaced": Mode(1, None, 8)}
+        for run in range(args.repeats):
+            for variant, settings in args.variants:
+                if len(args.variants) > 1 or not stack.replicas:
+                    stack.scale(0)
+                    stack.env = {**base, **settings}
+                    stack.scale(1)
+                for name in args.modes.split(","):
+                    started = time.perf_counter()
+                    r, raw = await measure(stack, modes[name], args.horizon, args.k, args.seed + run, run, variant)
+                    pooled.setdefault((variant, r["mode"]), Raw()).add(raw)
+                    log(f"{variant} {r['mode']}: {r['rate']}/s, {time.perf_counter() - started:.0f} s")
+                    rows.append(r)
+    finally:
+        stack.stop()
+    return {
+        "params": {
+            "horizon": args.horizon,
+            "k": args.k,
+            "rate": args.rate,
+            "modes": args.modes,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "replicas": 1,
+            "world": "stationary",
+            "variants": {name: settings for name, settings in args.variants},
+        },
+        "rows": rows,
+        "pooled": [
+            {
+                "variant": v,
+                "mode": m,
+                "runs": len(raw.rates),
+                "rate": round(float(np.mean(raw.rates)), 1),
+                "stages": raw.summary(),
+            }
+            for (v, m), raw in pooled.items()
+        ],
+    }
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:KEY=VALUE[,KEY=VALUE]`` -> (NAME, {"FLYWHEEL_OPTIMIZER_KEY": VALUE, ...})."""
+    name, _, pairs = text.partition(":")
+    settings: dict[str, str] = {}
+    for pair in filter(None, pairs.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise argparse.ArgumentTypeError(f"--variant {text!r}: want NAME:KEY=VALUE[,KEY=VALUE]")
+        settings[f"FLYWHEEL_OPTIMIZER_{key.strip().upper()}"] = value.strip()
+    if not name:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: the name before ':' is empty")
+    return name, settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--horizon", type=int, default=2000)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--modes", default="paced,unpaced")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", dest="variants", type=variant, action="append", default=[])
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag.json")
+    args = parser.parse_args()
+    if args.horizon < 1 or args.rate <= 0 or args.repeats < 1:
+        parser.error("--horizon and --repeats must be >= 1 and --rate > 0")
+    if set(args.modes.split(",")) - {"paced", "unpaced"}:
+        parser.error(f"--modes: paced and/or unpaced, got {args.modes!r}")
+    args.variants = args.variants or [("default", {})]
+    result = asyncio.run(main_async(args))
+    log(table(result["rows"]))
+    log("pooled over the repeats:")
+    log(table(result["pooled"]))
+    write_results("service-regret-lag", result, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
