@@ -1,0 +1,74 @@
+"""bench/service-regret/lag.py's arithmetic: the stage histograms parsed from a scrape, their
+quantiles between two scrapes (PromQL's interpolation), pooling, and the --variant syntax."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "service-regret" / "lag.py"
+
+
+@pytest.fixture(scope="module")
+def lag():
+    saved, loaded = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location("service_regret_lag", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["service_regret_lag"] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        for name in set(sys.modules) - loaded:  # the bench's own top-level modules (service, worlds, ...)
+            if name in ("service_regret_lag", "service", "worlds", "envs"):
+                sys.modules.pop(name, None)
+        sys.path[:] = saved
+
+
+def scrape(counts: dict[str, dict[str, float]]) -> str:
+    lines = ['flywheel_event_lag_seconds_bucket{consumer="other",le="+Inf",stage="handle"} 99.0']
+    for stage, buckets in counts.items():
+        for le, n in buckets.items():
+            labels = f'consumer="optimizer-feedback",le="{le}",stage="{stage}"'
+            lines.append(f"flywheel_event_lag_seconds_bucket{{{labels}}} {n}")
+    return "\n".join(lines) + "\n"
+
+
+def test_quantiles_come_from_the_counts_between_two_scrapes(lag) -> None:
+    before = lag.buckets(scrape({"handle": {"0.01": 5, "0.02": 5, "+Inf": 5}}), "handle")
+    after = lag.buckets(scrape({"handle": {"0.01": 5, "0.02": 15, "+Inf": 25}}), "handle")
+    assert after == {0.01: 5.0, 0.02: 15.0, float("inf"): 25.0}  # the other consumer's sample left out
+    # 20 new events: 10 in (0.01, 0.02], 10 above 0.02. The median is the top of the second bucket.
+    assert lag.histogram_quantile(0.5, before, after) == pytest.approx(0.02)
+    assert lag.histogram_quantile(0.25, before, after) == pytest.approx(0.015)
+    assert lag.histogram_quantile(0.99, before, after) == pytest.approx(0.02)  # in +Inf: the last bound
+    assert lag.histogram_quantile(0.5, after, after) is None  # nothing between the scrapes
+
+
+def test_runs_pool_into_one_summary(lag) -> None:
+    a = lag.Raw(sdk=[0.001, 0.003], stages={"busy": {0.01: 2.0, float("inf"): 2.0}}, rates=[100.0])
+    b = lag.Raw(sdk=[0.002], stages={"busy": {0.01: 0.0, float("inf"): 2.0}}, rates=[300.0])
+    a.add(b)
+    summary = a.summary()
+    assert summary["busy"]["count"] == 4 and summary["sdk"]["count"] == 3
+    assert summary["busy"]["p50_ms"] == pytest.approx(10.0)  # 2 of 4 at or under 10 ms
+    assert summary["sdk"]["p50_ms"] == pytest.approx(2.0)
+    assert summary["sdk"]["p50_decisions"] == pytest.approx(0.4)  # 2 ms at the mean rate, 200/s
+
+
+def test_a_variant_names_optimizer_settings(lag) -> None:
+    assert lag.variant("on:feedback_prefetch=true, FEEDBACK_MAX_BATCHES=2") == (
+        "on",
+        {"FLYWHEEL_OPTIMIZER_FEEDBACK_PREFETCH": "true", "FLYWHEEL_OPTIMIZER_FEEDBACK_MAX_BATCHES": "2"},
+    )
+    assert lag.variant("plain") == ("plain", {})
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        lag.variant("x:FEEDBACK_PREFETCH")
+    with pytest.raises(argparse.ArgumentTypeError, match="name"):
+        lag.variant(":A=1")
