@@ -10,11 +10,14 @@ batch new decisions:
 - ``unnest``: the statement the log used before issue 19's H4 (one ``INSERT ... SELECT FROM
   unnest(...)`` with the contexts as one JSON array, ``ON CONFLICT DO NOTHING``, the endpoint's
   decision clock advanced in the same statement), kept here as the reference;
+- ``copy``: binary COPY (asyncpg's ``copy_records_to_table``) and the clock's UPDATE in one
+  transaction, the log's write at ffcacc1, kept here as the second reference;
 - ``log``: ``DecisionLog._insert`` as it is in the tree (PostgreSQL only);
 - ``log+bus`` (with ``--bus``): ``DecisionLog._write``, the whole flush: the rows, then the
   ``DecisionBatch`` messages on JetStream.
 
-For each it prints the medians over the batches of this process's CPU (``time.process_time``),
+For each it prints the medians over the batches of the event loop thread's CPU
+(``time.thread_time``: the flush runs there, asyncpg's and nats-py's work included),
 PostgreSQL's CPU (every PostgreSQL process's user + system time, from psutil) and the wall
 time, each per 1,000 decisions. CPU times hold on a loaded machine; wall time does not. The
 decisions are built before the clock starts: making them is Select's cost, not the flush's.
@@ -30,6 +33,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,6 +88,53 @@ async def unnest_insert(conn, batch) -> None:
     )
 
 
+_COLUMNS = (
+    "decision_id",
+    "endpoint",
+    "arm_id",
+    "probability",
+    "user_id",
+    "session_id",
+    "segment",
+    "context",
+    "features",
+    "sticky",
+    "created_at",
+)
+_COUNT = """
+UPDATE endpoints SET decisions_total = endpoints.decisions_total + c.n
+FROM (SELECT name, n FROM unnest($1::text[], $2::int8[]) AS c(name, n)
+      JOIN endpoints e USING (name) ORDER BY name FOR NO KEY UPDATE OF e) AS c
+WHERE endpoints.name = c.name
+"""
+
+
+async def copy_insert(conn, batch) -> None:
+    """Binary COPY and the clock's UPDATE in one transaction (the log's write at ffcacc1)."""
+    records = [
+        (
+            d.decision_id,
+            d.endpoint,
+            d.arm_id,
+            d.probability,
+            d.user_id,
+            d.session_id,
+            d.segment,
+            json.dumps(d.context),
+            d.features,
+            d.sticky,
+            d.created_at,
+        )
+        for d in batch
+    ]
+    counts: dict[str, int] = {}
+    for d in batch:
+        counts[d.endpoint] = counts.get(d.endpoint, 0) + 1
+    async with conn.transaction():
+        await conn.copy_records_to_table("decisions", records=records, columns=_COLUMNS)
+        await conn.execute(_COUNT, list(counts), list(counts.values()))
+
+
 def postgres_cpu(postmaster: psutil.Process) -> float:
     """User + system seconds of the postmaster and every PostgreSQL process it started."""
     total = 0.0
@@ -127,6 +178,15 @@ async def main() -> int:
     parser.add_argument("--batches", type=int, default=20, help="measured batches per contestant")
     parser.add_argument("--batch", type=int, default=1000, help="decisions per batch")
     parser.add_argument("--bus", action="store_true", help="also time the whole flush with JetStream")
+    parser.add_argument(
+        "--busy-threads",
+        type=int,
+        default=0,
+        help="threads spinning Python meanwhile, as the sync server's workers do under load (GIL contention)",
+    )
+    parser.add_argument(
+        "--core", type=int, default=None, help="pin this process (not PostgreSQL or NATS) to this core, as run.py does"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="flywheel-flush-micro-"))
     servers = Servers.create(root / "servers")
@@ -135,6 +195,8 @@ async def main() -> int:
         env = servers.env(namespace="micro", schema=SCHEMA, bucket_prefix="micro")
         migrate("optimizer", env)
         os.environ.update(env)
+        if args.core is not None:  # after the servers started: they keep their own affinity
+            os.sched_setaffinity(0, {args.core})
         return await measure(servers, args)
     finally:
         servers.stop()
@@ -182,15 +244,28 @@ async def measure(servers: Servers, args: argparse.Namespace) -> int:
     async def whole(batch) -> None:
         await log._write(batch)
 
-    contestants = [("unnest", reference), ("log", tree)] + ([("log+bus", whole)] if args.bus else [])
+    stop = threading.Event()
+
+    def spin() -> None:  # pure Python: holds the GIL but for the interpreter's switch interval
+        while not stop.is_set():
+            sum(range(200))
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(args.busy_threads)]
+    for thread in spinners:
+        thread.start()
+
+    async def copy(batch) -> None:
+        await copy_insert(conn, batch)
+
+    contestants = [("unnest", reference), ("copy", copy), ("log", tree)] + ([("log+bus", whole)] if args.bus else [])
     results: dict[str, dict[str, list[float]]] = {n: {"cpu": [], "pg": [], "wall": []} for n, _ in contestants}
     written = 0
     for b in range(args.batches + 2):  # the first two warm up (statements prepared, caches)
         for label, fn in contestants:
             batch = decisions_for(args.batch, f"{label}{b}", params)
-            pg0, cpu0, wall0 = postgres_cpu(postmaster), time.process_time(), time.perf_counter()
+            pg0, cpu0, wall0 = postgres_cpu(postmaster), time.thread_time(), time.perf_counter()
             await fn(batch)
-            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
             pg = postgres_cpu(postmaster) - pg0
             written += len(batch)
             if b >= 2:
@@ -198,15 +273,21 @@ async def measure(servers: Servers, args: argparse.Namespace) -> int:
                 results[label]["cpu"].append(1e3 * cpu * per)
                 results[label]["pg"].append(1e3 * pg * per)
                 results[label]["wall"].append(1e3 * wall * per)
+    stop.set()
+    for thread in spinners:
+        thread.join()
     rows = await conn.fetchval("SELECT count(*) FROM decisions")
     clock = await conn.fetchval("SELECT decisions_total FROM endpoints WHERE name = $1", ENDPOINT)
     await conn.close()
     await log.close()
     await nc.close()
     await engine.dispose()
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {rows} rows for {written} decisions")
+    print(
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {rows} rows for {written} decisions; "
+        f"{args.busy_threads} busy threads"
+    )
     print(f"{'':>8}  ms per 1,000 decisions (median, min-max of {args.batches} batches of {args.batch})")
-    print(f"{'':>8}  {'process CPU':>20}  {'PostgreSQL CPU':>20}  {'wall':>20}")
+    print(f"{'':>8}  {'loop thread CPU':>20}  {'PostgreSQL CPU':>20}  {'wall':>20}")
     summary = {}
     for label, values in results.items():
         cells = []

@@ -6,7 +6,6 @@ that record what they were given."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
@@ -21,41 +20,28 @@ from flywheel.optimizer.decisions import Decision, DecisionLog, new_decision_id
 
 
 class FakeDriver:
-    """The asyncpg connection's part the log uses. A COPY happens in a transaction and is undone
-    when it fails; a COPY of a decision id already written fails, as the primary key makes it."""
+    """The asyncpg connection's part the log uses: a first try's INSERT fails whole on a decision
+    id already written, as the primary key makes it; a retry's INSERT skips those rows."""
 
     def __init__(self) -> None:
         self.inserted: list[str] = []
-        self.statements = 0  # COPYs and INSERTs
-        self._open: list[str] | None = None
-
-    @contextlib.asynccontextmanager
-    async def transaction(self):
-        self._open = []
-        try:
-            yield
-            self.inserted.extend(self._open)
-        finally:
-            self._open = None
+        self.statements = 0
+        self.retries = 0  # statements of the retry's kind (ON CONFLICT DO NOTHING)
 
     def check(self, user_ids: list[str]) -> None:
         """Raise as PostgreSQL would for these rows (subclasses refuse some)."""
 
-    async def copy_records_to_table(self, _table: str, *, records: list[tuple], columns: tuple[str, ...]) -> None:
-        assert self._open is not None, "COPY outside a transaction"
+    async def execute(self, _sql: str, *columns: object) -> None:
         self.statements += 1
-        self.check([r[columns.index("user_id")] for r in records])
-        ids = [r[0] for r in records]
+        ids: list[str] = columns[0]  # type: ignore[assignment]
+        self.check(columns[4])  # type: ignore[arg-type]
+        if "ON CONFLICT" in _sql:
+            self.retries += 1
+            self.inserted.extend(i for i in ids if i not in self.inserted)
+            return
         if set(ids) & set(self.inserted):
             raise asyncpg.exceptions.UniqueViolationError("duplicate key value violates unique constraint")
-        self._open.extend(ids)
-
-    async def execute(self, _sql: str, *columns: object) -> None:
-        if len(columns) == 2:  # the decision clock's UPDATE
-            return
-        self.statements += 1  # the retry's INSERT ... ON CONFLICT DO NOTHING
-        self.check(columns[4])  # type: ignore[arg-type]
-        self.inserted.extend(i for i in columns[0] if i not in self.inserted)  # type: ignore[attr-defined]
+        self.inserted.extend(ids)
 
 
 class FakeConnection:
@@ -202,9 +188,22 @@ async def test_past_its_high_water_mark_the_log_refuses_and_keeps_nothing_more()
     with pytest.raises(ConnectionRefusedError):
         await log.flush()
     assert log.pending == 25
-    for _ in range(3):
-        with pytest.raises(ResourceExhausted):
-            await asyncio.to_thread(log.record, decision())  # from a worker thread: no wait either
+    started = time.monotonic()
+    with pytest.raises(ResourceExhausted):
+        await asyncio.to_thread(log.record, decision())  # from a worker thread: a bounded wait
+    assert 0.9 <= time.monotonic() - started < 3.0  # room_wait_s, 1 s by default
+    # The flusher has seen its flush fail (an outage): refused at once from now on, no wait.
+    task = asyncio.create_task(log.run())
+    try:
+        assert await wait_for(lambda: log._failing)
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(ResourceExhausted):
+                await asyncio.to_thread(log.record, decision())
+            assert time.monotonic() - started < 0.5
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     assert log.pending == 25
     # PostgreSQL is back: everything kept is written, and there is room again.
     engine.driver = FakeDriver()
@@ -264,8 +263,9 @@ class FlakyPublisher(FakePublisher):
 
 
 async def test_a_batch_retried_after_its_rows_committed_is_written_once_with_the_same_messages():
-    """The rows of a batch whose publish failed are in already: its retry must not COPY them
-    again (a duplicate key), and its messages keep their dedup ids."""
+    """The rows of a batch whose publish failed are in already: its retry goes straight to the
+    INSERT that skips them (not the first try's, which would fail on a duplicate key), and its
+    messages keep their dedup ids."""
     engine, publisher = FakeEngine(), FlakyPublisher()
     log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=10)  # type: ignore[arg-type]
     made = [decision() for _ in range(25)]
@@ -276,5 +276,27 @@ async def test_a_batch_retried_after_its_rows_committed_is_written_once_with_the
     log.record(extra := decision())
     assert await log.flush() == 26
     assert engine.driver.inserted == [d.decision_id for d in [*made, extra]]
-    assert engine.driver.statements == 3  # COPY, the retry's INSERT, COPY of the new decision
+    assert engine.driver.statements == 3 and engine.driver.retries == 1  # first try, its retry, the new one
     assert len(publisher.messages) == len(set(publisher.messages)) == 4  # 3 of the retried batch, 1 new
+
+
+async def test_a_worker_waits_for_the_flush_that_makes_room_and_its_batch_goes_in_whole():
+    """At the bound a SelectBatch from a worker thread waits (up to room_wait_s) for a flush
+    to make room instead of being refused; the event loop's own calls never wait (the flush
+    needs the loop)."""
+    engine, publisher = FakeEngine(), FakePublisher()
+    log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=10, max_pending=25, room_wait_s=5.0)  # type: ignore[arg-type]
+    log.record_many([decision() for _ in range(20)])
+    with pytest.raises(ResourceExhausted):
+        log.record_many([decision() for _ in range(6)])  # on the loop's thread: refused at once
+    late = [decision() for _ in range(6)]
+    worker = asyncio.create_task(asyncio.to_thread(log.record_many, late))
+    await asyncio.sleep(0.1)
+    assert not worker.done() and log.pending == 20  # waiting, nothing of it in yet
+    assert await log.flush() == 20
+    await asyncio.wait_for(worker, 2.0)
+    assert log.pending == 6
+    assert await log.flush() == 6
+    assert engine.driver.inserted[-6:] == [d.decision_id for d in late]
+    with pytest.raises(ResourceExhausted):  # more than the bound can ever hold: no wait
+        await asyncio.wait_for(asyncio.to_thread(log.record_many, [decision() for _ in range(26)]), 1.0)

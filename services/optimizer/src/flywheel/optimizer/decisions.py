@@ -4,8 +4,8 @@ Select must not wait for PostgreSQL or JetStream. Decisions go to an in-memory b
 that a background task flushes every ``flush_interval_s`` while it holds any (sooner when it
 fills; with nothing buffered it sleeps until the next decision, so an idle replica spends
 nothing here):
-the rows by binary COPY, with each endpoint's decision clock (``endpoints.decisions_total``)
-advanced in the same transaction, then one ``DecisionBatch`` message per endpoint (a
+one INSERT of every row, which also advances each endpoint's decision clock
+(``endpoints.decisions_total``) by them, then one ``DecisionBatch`` message per endpoint (a
 JetStream message per decision cost more CPU than the Select that made it). A batch that
 fails is retried as it was, so its messages keep their dedup ids; its rows are written again
 with ``INSERT ... ON CONFLICT DO NOTHING``, because the failed try may have committed (its
@@ -14,8 +14,9 @@ what is left. A hard crash can lose the last interval's decisions (about 20 ms);
 those is dead-lettered as "decision never logged", never applied blindly.
 
 Bounds: the log holds at most ``max_pending`` decisions not yet written; past that, ``record``
-raises ResourceExhausted (Select answers RESOURCE_EXHAUSTED) and appends nothing, so an
-outage of PostgreSQL or NATS costs bounded memory. One bad row never stalls the rest: when
+from a worker thread waits up to ``room_wait_s`` (1 s) for a flush to make room (not while
+flushes fail), then raises ResourceExhausted (Select answers RESOURCE_EXHAUSTED) and appends
+nothing, so an outage of PostgreSQL or NATS costs bounded memory and no waiting. One bad row never stalls the rest: when
 the batch INSERT fails because of its data (not the connection), the batch is bisected until
 the rows at fault are found; they are dead-lettered on ``<ns>.deadletter.optimizer-decision-log``
 with the database's reason and the others are written. The same for a decision event the bus
@@ -52,35 +53,17 @@ log = get_logger(__name__)
 # Where decisions that can never be written or published go, with the reason.
 DEAD_LETTER_NAME = "optimizer-decision-log"
 
-# A batch's first try: binary COPY (asyncpg encodes the rows in C; PostgreSQL inserts them without
-# planning a statement or the speculative insertion of ON CONFLICT): half the CPU of the INSERT
-# below on both sides (bench/select/flush_micro.py). COPY cannot skip a row already there, so a
-# retried batch goes through the INSERT.
-_COLUMNS = (
-    "decision_id",
-    "endpoint",
-    "arm_id",
-    "probability",
-    "user_id",
-    "session_id",
-    "segment",
-    "context",
-    "features",
-    "sticky",
-    "created_at",
-)
-# Endpoint rows are locked in name order: two replicas flushing the same endpoints cannot deadlock.
-_COUNT = """
-UPDATE endpoints SET decisions_total = endpoints.decisions_total + c.n
-FROM (SELECT name, n FROM unnest($1::text[], $2::int8[]) AS c(name, n)
-      JOIN endpoints e USING (name) ORDER BY name FOR NO KEY UPDATE OF e) AS c
-WHERE endpoints.name = c.name
-"""
-
-# A retried batch: one statement, its rows as arrays: a column per parameter, unnested in the server.
-# Context and features travel as one JSON array for the whole batch, because one json.dumps
-# of a list costs a fraction of a json.dumps per row (the most expensive part of a flush).
-_INSERT = """
+# A batch's first try: one plain INSERT of the rows as arrays (a column per parameter, unnested
+# in the server; context and features as one JSON array for the whole batch, one json.dumps
+# instead of one a row), with the decision clock's increments (counted here) in the same
+# statement, so rows and clock commit together. One statement, one round trip: under load the
+# event loop waits for the GIL after each round trip (the sync server's 8 workers hold it), and
+# a binary COPY in a transaction (5 round trips), though cheaper in CPU, wrote a batch about 2x
+# slower there (bench/select/flush_micro.py --busy-threads 8). No ON CONFLICT: its speculative
+# insertion costs PostgreSQL CPU on every row, and a decision id is new on a first try (random);
+# if one is not, the statement fails whole and the retry's INSERT below skips it. Endpoint rows
+# are locked in name order: two replicas cannot deadlock.
+_ROWS = """
 INSERT INTO decisions (decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
                        context, features, sticky, created_at)
 SELECT r.decision_id, r.endpoint, r.arm_id, r.probability, r.user_id, r.session_id, r.segment,
@@ -93,7 +76,19 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::te
      WITH ORDINALITY AS r(decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
                           sticky, created_at, n)
 JOIN json_array_elements($10::json) WITH ORDINALITY AS j(value, n) USING (n)
-ON CONFLICT (decision_id) DO NOTHING
+"""
+_FIRST = f"""
+WITH inserted AS ({_ROWS}),
+locked AS (SELECT e.name, c.n FROM endpoints e JOIN unnest($11::text[], $12::int8[]) AS c(name, n) USING (name)
+           ORDER BY e.name FOR NO KEY UPDATE OF e)
+UPDATE endpoints SET decisions_total = endpoints.decisions_total + locked.n
+FROM locked WHERE endpoints.name = locked.name
+"""  # noqa: S608 - constants only
+
+# A retried batch (its first try may have committed, its answer lost): the same rows, ON CONFLICT
+# DO NOTHING, and the clock advanced by the rows the statement inserted, so a row already there
+# counts once.
+_INSERT = f"""{_ROWS}ON CONFLICT (decision_id) DO NOTHING
 RETURNING endpoint
 """
 
@@ -155,6 +150,7 @@ class DecisionLog:
         flush_interval_s: float = 0.02,
         max_batch: int = 1000,
         max_pending: int | None = None,
+        room_wait_s: float = 1.0,
     ) -> None:
         self._engine = engine
         # One connection held for the log's lifetime: a pool checkout per flush (with its
@@ -173,6 +169,8 @@ class DecisionLog:
         self._buffer_lock = threading.Lock()
         self._room = threading.Condition(self._buffer_lock)
         self._high_water = max_pending or 10 * max_batch
+        self._room_wait_s = room_wait_s
+        self._failing = False  # the last flush failed: callers at the bound are refused at once
         self._unsent_n = 0  # len(self._unsent), read by record() under the lock
         self._woken = False
         # Set while the flusher sleeps on an empty buffer; the first record() after it wakes it.
@@ -182,18 +180,21 @@ class DecisionLog:
         self._loop_thread = threading.get_ident()
 
     def record(self, decision: Decision) -> None:
-        """Buffer a decision for the next flush; raise ResourceExhausted (and keep nothing) when
-        ``max_pending`` decisions are already waiting to be written."""
+        """Buffer a decision for the next flush; when ``max_pending`` decisions are already
+        waiting to be written, wait up to ``room_wait_s`` for room, then raise ResourceExhausted
+        (and keep nothing)."""
         self.record_many([decision])
 
     def record_many(self, decisions: list[Decision]) -> None:
-        """Buffer all of ``decisions`` or none: ResourceExhausted when they do not all fit under
-        ``max_pending``. SelectBatch records its decisions this way, so a call refused halfway
-        leaves no decision in the log that its caller never received."""
+        """Buffer all of ``decisions`` or none: when they do not all fit under ``max_pending``,
+        wait up to ``room_wait_s`` for a flush to make room (from a worker thread; never on the
+        event loop, which the flush needs), then raise ResourceExhausted. SelectBatch records its
+        decisions this way, so a call refused halfway leaves no decision in the log that its
+        caller never received."""
         with self._room:
-            if len(self._buffer) + self._unsent_n + len(decisions) > self._high_water:
-                # Refuse rather than wait or grow: waiting held Select's threads for a second
-                # each and then appended anyway, so an outage grew the buffer without limit.
+            if not self._fits(len(decisions)) and not self._wait_for_room(len(decisions)):
+                # Refuse rather than grow: waiting without a bound, then appending anyway, made
+                # an outage grow the buffer without limit.
                 raise ResourceExhausted(
                     f"the decision log is full: {self._high_water} decisions at most may wait to be written "
                     f"and {len(decisions)} more do not fit (PostgreSQL or NATS is unreachable or slow); "
@@ -212,6 +213,30 @@ class DecisionLog:
         if wake:
             self._signal(self._full)
 
+    def _fits(self, n: int) -> bool:
+        return len(self._buffer) + self._unsent_n + n <= self._high_water
+
+    def _wait_for_room(self, n: int) -> bool:
+        """Under ``self._room``: wait until ``n`` more decisions fit, at most ``room_wait_s``.
+        A burst (SelectBatch at saturation) then slows down to what the log writes, instead of
+        being refused: the waiting workers also free the GIL for the event loop that flushes.
+        While flushes fail (an outage) nobody waits: refused at once, as without the wait."""
+        if self._room_wait_s <= 0 or threading.get_ident() == self._loop_thread or n > self._high_water:
+            return False
+        deadline = time.monotonic() + self._room_wait_s
+        while not self._fits(n):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._failing:  # PostgreSQL or NATS away: no flush will make room soon
+                return False
+            self._room.wait(left)
+        return True
+
+    def _set_failing(self, failing: bool) -> None:
+        with self._room:
+            if failing != self._failing:
+                self._failing = failing
+                self._room.notify_all()  # the callers waiting for room: refused now
+
     def _signal(self, event: asyncio.Event) -> None:
         if self._loop is not None and threading.get_ident() != self._loop_thread:
             self._loop.call_soon_threadsafe(event.set)
@@ -229,7 +254,9 @@ class DecisionLog:
             self._full.clear()
             try:
                 await self.flush()
+                self._set_failing(False)
             except Exception as exc:  # noqa: BLE001 - PostgreSQL or NATS away: retry next tick
+                self._set_failing(True)
                 log.warning("decision flush failed; will retry", error=repr(exc), pending=self.pending)
                 await asyncio.sleep(0.5)
 
@@ -273,6 +300,7 @@ class DecisionLog:
     def _set_unsent(self, batch: list[Decision]) -> None:
         with self._room:
             self._unsent, self._unsent_n = batch, len(batch)
+            self._room.notify_all()  # written: room for the callers waiting in record_many
 
     @property
     def flush_interval_s(self) -> float:
@@ -314,8 +342,8 @@ class DecisionLog:
             await self._dead_letter(refused)
 
     async def _insert(self, batch: list[Decision], *, retry: bool = False) -> list[tuple[Decision, str]]:
-        """Insert ``batch`` (by COPY; with ``retry``, by an INSERT that skips rows already
-        written); returns the rows refused for their data, with the reason."""
+        """Insert ``batch`` (with ``retry``, by the INSERT that skips rows already written);
+        returns the rows refused for their data, with the reason."""
         if not batch:
             return []
         if self._conn is None:
@@ -326,7 +354,10 @@ class DecisionLog:
             if retry:
                 await driver.execute(_INSERT_AND_COUNT, *_columns(batch))  # type: ignore[union-attr]
             else:
-                await _copy(driver, batch)
+                counts: dict[str, int] = {}
+                for d in batch:
+                    counts[d.endpoint] = counts.get(d.endpoint, 0) + 1
+                await driver.execute(_FIRST, *_columns(batch), list(counts), list(counts.values()))  # type: ignore[union-attr]
         except Exception as exc:
             if not retry and _duplicate(exc):
                 # A row already written (never by this log's first try: ids are random): write
@@ -454,49 +485,6 @@ def _columns(batch: list[Decision]) -> tuple[object, ...]:
         [d.created_at for d in batch],
         json.dumps([(d.context, d.features) for d in batch]),
     )
-
-
-def _json_encoder() -> Any:
-    """``json.dumps`` with its defaults, less its per-call set-up: json.dumps builds a new C
-    encoder on every call, which is most of its 2-3 µs for a small context, a row each in COPY."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return json.dumps
-    encode = make(
-        {}, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True
-    )
-    return lambda value: "".join(encode(value, 0))
-
-
-_dumps = _json_encoder()
-
-
-async def _copy(driver: Any, batch: list[Decision]) -> None:
-    """COPY ``batch`` into ``decisions`` and advance each endpoint's decision clock by its rows,
-    in one transaction: both or neither."""
-    dumps = _dumps
-    records = [
-        (
-            d.decision_id,
-            d.endpoint,
-            d.arm_id,
-            d.probability,
-            d.user_id,
-            d.session_id,
-            d.segment,
-            dumps(d.context),
-            d.features,
-            d.sticky,
-            d.created_at,
-        )
-        for d in batch
-    ]
-    counts: dict[str, int] = {}
-    for d in batch:
-        counts[d.endpoint] = counts.get(d.endpoint, 0) + 1
-    async with driver.transaction():
-        await driver.copy_records_to_table("decisions", records=records, columns=_COLUMNS)
-        await driver.execute(_COUNT, list(counts), list(counts.values()))
 
 
 def _duplicate(exc: BaseException) -> bool:
