@@ -1,0 +1,123 @@
+"""What regret ratio a feedback lag implies: the in-process policy with its feedback held back.
+
+The service runs the policy of `inprocess.py`; what differs is when feedback reaches the
+posterior Select samples from. This script plays the bench's worlds in process twice with the
+same world and sampling seeds (common random numbers): once as the reference (feedback after
+the world's own delay) and once with every reward held back ``lag`` more decisions. The ratio of
+the two mean regrets is what that lag alone costs. Because both sides share every random draw,
+a few hundred seeds give a standard error near 0.01, which service runs (about 3 minutes of
+service time per world seed) cannot reach. So it answers two questions the noisy service runs
+cannot: how small must the decision -> applied lag be for the 1.02 goal, and does the lag
+measured in the service (`lag.py`, or the README's hand measurement) explain its ratio.
+
+    python bench/service-regret/lag_replay.py                     # lags 0,5,10,20,50,100; 200 seeds
+    python bench/service-regret/lag_replay.py --lags 15,25 --seeds 400 --out /tmp/replay.json
+
+Lags are constants in decisions (a lag of L at R decisions/s is L/R seconds); ``--jitter``
+draws each reward's lag uniformly on [0, 2L] instead (same mean). Results are stamped with
+`flywheel.stack.benchstamp` (commit, date, machine, command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "regret"))  # bench/regret's loop
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this bench's modules
+from inprocess import run_in_process
+from worlds import WORLDS, World, make_world
+
+from flywheel.stack.benchstamp import write_results
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def lagged(world: World, lag: int, jitter: bool, rng: np.random.Generator) -> World:
+    """The same world with every reward published ``lag`` more decisions later (mean ``lag``)."""
+    extra = rng.integers(0, 2 * lag + 1, size=world.horizon) if jitter and lag else np.full(world.horizon, lag)
+    return dataclasses.replace(world, delays=world.delays + extra.astype(np.int64))
+
+
+def paired_ratio(lagged_regret: np.ndarray, reference: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
+    """Ratio of mean regrets with a 95% paired bootstrap interval over seeds."""
+    n = len(reference)
+    idx = rng.integers(0, n, size=(2000, n))
+    boot = lagged_regret[idx].mean(axis=1) / reference[idx].mean(axis=1)
+    return {
+        "ratio": float(lagged_regret.mean() / reference.mean()),
+        "ci_low": float(np.quantile(boot, 0.025)),
+        "ci_high": float(np.quantile(boot, 0.975)),
+    }
+
+
+def replay(params: dict[str, Any]) -> dict[str, Any]:
+    """Regret of every (world, k) at every lag, paired with lag 0, over ``params['seeds']`` seeds."""
+    rows = []
+    lags: list[int] = params["lags"]
+    for name in params["worlds"]:
+        for k in params["arms"]:
+            started = time.perf_counter()
+            regrets = np.zeros((len(lags), params["seeds"]))
+            for seed in range(params["seeds"]):
+                world = make_world(name, "bernoulli", k, seed, params["horizon"], params["gap"], params["max_delay"])
+                half_life = params["horizon"] / 4 if name == "drift" else 0.0
+                for i, lag in enumerate(lags):
+                    shifted = lagged(world, lag, params["jitter"], np.random.default_rng([seed, lag, 7]))
+                    arms = run_in_process(shifted, half_life, seed=10_000 + seed)
+                    regrets[i, seed] = world.regret(arms).sum()
+            boot_rng = np.random.default_rng(0)
+            for i, lag in enumerate(lags):
+                row = {"world": name, "k": k, "lag": lag, "regret": float(regrets[i].mean())}
+                row.update(paired_ratio(regrets[i], regrets[0], boot_rng))
+                rows.append(row)
+            print(
+                f"{name:<10} k={k:<2} "
+                + "  ".join(f"L{lag}:{r['ratio']:.3f}" for lag, r in zip(lags, rows[-len(lags) :], strict=True))
+                + f"  ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+    pooled = {}
+    for lag in lags:
+        mine = [r["ratio"] for r in rows if r["lag"] == lag]
+        pooled[str(lag)] = float(np.mean(mine))
+    return {"rows": rows, "mean_ratio_by_lag": pooled}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Play the worlds in process at each lag and print the ratio each lag implies."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lags", default="0,5,10,20,50,100", help="lags in decisions; 0 is added if missing")
+    ap.add_argument("--seeds", type=int, default=200, help="world seeds, each with its own sampling seed")
+    ap.add_argument("--horizon", type=int, default=1000)
+    ap.add_argument("--arms", default="2,10")
+    ap.add_argument("--worlds", default=",".join(WORLDS))
+    ap.add_argument("--jitter", action="store_true", help="lag uniform on [0, 2L] per reward instead of constant")
+    ap.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag-replay.json")
+    args = ap.parse_args(argv)
+    lags = sorted({0, *(int(x) for x in args.lags.split(","))})
+    params = {
+        "lags": lags,
+        "seeds": args.seeds,
+        "horizon": args.horizon,
+        "gap": 0.1,
+        "max_delay": 100,
+        "arms": [int(a) for a in args.arms.split(",")],
+        "worlds": args.worlds.split(","),
+        "jitter": args.jitter,
+    }
+    figures = replay(params)
+    by_lag = figures["mean_ratio_by_lag"].items()
+    print("mean ratio over worlds, by lag: " + ", ".join(f"{lag}: {ratio:.3f}" for lag, ratio in by_lag))
+    write_results("service-regret-lag-replay", {"params": params, "figures": figures}, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
