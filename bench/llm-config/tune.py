@@ -7,7 +7,10 @@ seeds 100-139, never the scored tables or seeds of run.py.
 
 Prints mean evaluations to target per method and TPE+Wilcoxon / Flywheel with a bootstrap
 interval; ``--flywheel-settings`` overrides methods.FLYWHEEL for a variant; ``--peers-cache``
-reuses the peers' runs from an earlier --out file (they do not depend on Flywheel's settings).
+reuses the peers' runs from an earlier --out file (they do not depend on Flywheel's settings);
+``--baseline`` compares this Flywheel variant with the Flywheel runs of an earlier --out file,
+seed by seed (variant / baseline mean evaluations, paired bootstrap over seeds; seeds better /
+worse).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers-cache", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier --out file to compare Flywheel with")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     if bad := sorted(set(seeds) - set(TUNING_SEEDS)):
@@ -73,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             if peer in ev:
                 r, lo, hi = ratio_ci(ev[peer], ev["flywheel"], np.random.default_rng(0))
                 print(f"{peer} / flywheel: {r:.3f} [{lo:.3f}, {hi:.3f}]")
+    if args.baseline and "flywheel" in ev:
+        base_runs = json.loads(args.baseline.read_text())["runs"]["flywheel"]
+        base = np.array([base_runs[str(s)]["evaluations_to_target"] for s in seeds], float)
+        r, lo, hi = ratio_ci(ev["flywheel"], base, np.random.default_rng(0))
+        better, worse = int((ev["flywheel"] < base).sum()), int((ev["flywheel"] > base).sum())
+        print(f"variant / baseline: {r:.3f} [{lo:.3f}, {hi:.3f}]  seeds better {better} / worse {worse}")
     if args.out:
         args.out.write_text(json.dumps({"settings": settings, "seeds": seeds, "runs": runs}, indent=1) + "\n")
     return 0

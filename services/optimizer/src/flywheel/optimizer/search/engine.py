@@ -43,6 +43,7 @@ class Candidate:
     target: int = 0
     dropped: bool = False
     drop_reason: str = ""
+    revisits: int = 0  # times it re-entered the race after a drop (racing_revisit)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "pending": sorted(self.pending)}
@@ -144,6 +145,8 @@ class Search:
         cand.pending.discard(test_case_id)
         self.evaluations += 1
         self._version += 1
+        if self.settings.racing and self.settings.racing_incumbent:
+            self._race_incumbent(cand)
         self._advance()
         return True
 
@@ -393,6 +396,49 @@ class Search:
         self._version += 1
         return grew
 
+    def _incumbent(self) -> Candidate | None:
+        """The best candidate scored on every case so far (its mean is its true score)."""
+        n_cases = len(self.case_order)
+        full = [c for c in self.candidates.values() if len(c.scores) == n_cases]
+        return max(full, key=lambda c: sum(c.scores.values())) if full else None
+
+    def _race_incumbent(self, cand: Candidate) -> None:
+        """``racing_incumbent``: drop a racing candidate as soon as it is confidently behind the
+        incumbent on the cases it has (all of them shared: the incumbent has every case)."""
+        n_cases = len(self.case_order)
+        n = len(cand.scores)
+        if cand.dropped or cand.id not in self.population or n >= n_cases or n < self.settings.racing_min_cases:
+            return
+        inc = self._incumbent()
+        if inc is None or inc is cand:
+            return
+        diffs = np.array([s - inc.scores[k] for k, s in cand.scores.items()])
+        confidence = self.settings.racing_incumbent_confidence or self.settings.racing_confidence
+        post = self._posterior()
+        if confidently_worse(diffs, confidence=confidence, pooled_var=2.0 * post.noise_var, n_cases=n_cases):
+            cand.dropped = True
+            cand.drop_reason = f"worse than the incumbent {inc.id} on {n} paired cases"
+
+    def _revisits(self, post: Posterior, idx: dict[str, int], taken: set[str]) -> list[Candidate]:
+        """``racing_revisit``: dropped, partly scored candidates (never revisited before) whose
+        posterior mean plus one standard deviation is above the incumbent's score, best first."""
+        k = self.settings.racing_revisit
+        inc = self._incumbent()
+        if k <= 0 or inc is None:
+            return []
+        n_cases = len(self.case_order)
+        bar = float(np.mean(list(inc.scores.values())))
+
+        def upper(c: Candidate) -> float:
+            return float(post.mean[idx[c.id]] + math.sqrt(post.var[idx[c.id]]))
+
+        pool = [
+            c
+            for c in self.candidates.values()
+            if c.dropped and 0 < len(c.scores) < n_cases and c.revisits == 0 and c.id not in taken and upper(c) > bar
+        ]
+        return sorted(pool, key=lambda c: -upper(c))[:k]
+
     def _close_generation(self, final_reason: str = "") -> None:
         best = self.best()
         score = best["score"] if best and best["complete"] else None
@@ -576,6 +622,8 @@ class Search:
         full = [c for c in self._epoch_candidates() if len(c.scores) == n_cases]
         elites = sorted(full, key=lambda c: -post.mean[idx[c.id]])[: s.elite_size]
         population = [c.id for c in elites]
+        revisited = self._revisits(post, idx, set(population))
+        population += [c.id for c in revisited]
         needed = s.population_size - len(population)
         if s.algorithm in ("random", "mab_only"):
             children = self._fresh(needed)
@@ -589,6 +637,9 @@ class Search:
             c = self.candidates[cid]
             c.dropped, c.drop_reason = False, ""
             c.target = max(len(c.scores), self._first_target())
+        for c in revisited:  # one rung on from the cases it has
+            c.revisits += 1
+            c.target = min(n_cases, max(c.target, math.ceil(len(c.scores) * s.racing_growth)))
         self.population = population
         self._version += 1
 

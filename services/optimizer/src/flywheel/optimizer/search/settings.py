@@ -40,7 +40,17 @@ class SearchSettings:
     coordinates of the numeric parameters) from every config scored so far and from each other,
     so a restart explores basins not yet visited. ``local``: one such far point and a Gaussian
     cloud around it (sigma ``restart_sigma`` of each range), as IPOP-CMA-ES restarts a local
-    search from a new random mean."""
+    search from a new random mean.
+
+    ``racing_incumbent``: besides the race within the generation, every partly scored candidate
+    is tested after each of its scores against the incumbent (the best candidate scored on every
+    case so far, whatever its generation) on the cases they share, and dropped as soon as it is
+    behind it with one-sided ``racing_incumbent_confidence`` (None: ``racing_confidence``), from
+    ``racing_min_cases`` cases on, as Optuna's WilcoxonPruner races a trial against the best one.
+    ``racing_revisit``: at each new generation, up to that many dropped, partly scored candidates
+    whose posterior mean plus one standard deviation is above the incumbent's score re-enter the
+    race (each at most once), starting one rung further on from the cases they have: a config
+    dropped by an unlucky first few cases is not lost for good."""
 
     population_size: int = 20
     generations: int = 10
@@ -53,6 +63,9 @@ class SearchSettings:
     racing_min_cases: int = 3
     racing_growth: float = 2.0
     racing_confidence: float = 0.9
+    racing_incumbent: bool = False
+    racing_incumbent_confidence: float | None = None
+    racing_revisit: int = 0
     patience: int | None = None
     min_improvement: float = 0.0
     max_evaluations: int | None = None
@@ -94,6 +107,10 @@ class SearchSettings:
             problems.append("racing needs min_cases >= 1 and growth > 1")
         if not 0.5 < self.racing_confidence < 1:
             problems.append("racing_confidence must be in (0.5, 1)")
+        if self.racing_incumbent_confidence is not None and not 0.5 < self.racing_incumbent_confidence < 1:
+            problems.append("racing_incumbent_confidence must be in (0.5, 1) (or None: racing_confidence)")
+        if self.racing_revisit < 0:
+            problems.append("racing_revisit must be at least 0")
         if self.surrogate_max_points < 4:
             problems.append("surrogate_max_points must be at least 4")
         if self.algorithm not in ALGORITHMS:
