@@ -189,3 +189,14 @@ def test_test_cases_from_files(tmp_path):
         load_run_config(tmp_path / "dupes.yaml")
     with pytest.raises(RunConfigError, match="file not found"):
         load_run_config(tmp_path / "missing.yaml")
+
+
+def test_racing_incumbent_and_revisit_reach_the_search_settings():
+    default = parse_run_config(base()).optimization.search_settings()
+    assert (default.racing_incumbent, default.racing_incumbent_confidence, default.racing_revisit) == (False, None, 0)
+    racing = {"incumbent": True, "incumbent_confidence": 0.95, "revisit": 2}
+    settings = parse_run_config(base(optimization={"racing": racing})).optimization.search_settings()
+    assert (settings.racing_incumbent, settings.racing_incumbent_confidence, settings.racing_revisit) == (True, 0.95, 2)
+    found = problems(base(optimization={"racing": {"incumbent_confidence": 1.5, "revisit": -1}}))
+    assert any(p.startswith("optimization.racing.incumbent_confidence:") for p in found), found
+    assert any(p.startswith("optimization.racing.revisit:") for p in found), found

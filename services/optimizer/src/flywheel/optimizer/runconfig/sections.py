@@ -115,6 +115,10 @@ class RacingConfig(BaseModel):
     min_cases: int = Field(default=3, ge=1)
     growth: float = Field(default=2.0, gt=1)
     confidence: float = Field(default=0.9, gt=0.5, lt=1)
+    # the search's racing_incumbent, racing_incumbent_confidence and racing_revisit (off by default)
+    incumbent: bool = False
+    incumbent_confidence: float | None = Field(default=None, gt=0.5, lt=1)
+    revisit: int = Field(default=0, ge=0)
 
 
 class MabConfig(BaseModel):
@@ -214,6 +218,9 @@ class OptimizationConfig(BaseModel):
             racing_min_cases=self.racing.min_cases,
             racing_growth=self.racing.growth,
             racing_confidence=self.racing.confidence,
+            racing_incumbent=self.racing.incumbent,
+            racing_incumbent_confidence=self.racing.incumbent_confidence,
+            racing_revisit=self.racing.revisit,
             patience=stop.patience if stop.enabled else None,
             min_improvement=stop.min_improvement,
             max_evaluations=self.max_evaluations,
