@@ -41,7 +41,10 @@ METHOD = "/flywheel.api.optimizer.v1.SelectionService/Select"
 
 
 class Context:
-    """The two things the guarded path asks of grpc's ServicerContext."""
+    """The three things the guarded path asks of grpc's ServicerContext."""
+
+    def time_remaining(self) -> float | None:
+        return None  # h2load's requests carry no deadline
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {TOKEN}"), ("user-agent", "h2load"))

@@ -300,3 +300,13 @@ async def test_a_worker_waits_for_the_flush_that_makes_room_and_its_batch_goes_i
     assert engine.driver.inserted[-6:] == [d.decision_id for d in late]
     with pytest.raises(ResourceExhausted):  # more than the bound can ever hold: no wait
         await asyncio.wait_for(asyncio.to_thread(log.record_many, [decision() for _ in range(26)]), 1.0)
+
+
+async def test_a_caller_near_its_deadline_waits_no_longer_than_its_time_left():
+    engine, publisher = FakeEngine(), FakePublisher()
+    log = DecisionLog(engine, publisher, Catalogue("t"), max_batch=10, max_pending=5, room_wait_s=5.0)  # type: ignore[arg-type]
+    log.record_many([decision() for _ in range(5)])
+    started = time.monotonic()
+    with pytest.raises(ResourceExhausted):
+        await asyncio.to_thread(log.record_many, [decision()], wait_s=0.1)
+    assert 0.09 <= time.monotonic() - started < 1.0 and log.pending == 5

@@ -185,14 +185,16 @@ class DecisionLog:
         (and keep nothing)."""
         self.record_many([decision])
 
-    def record_many(self, decisions: list[Decision]) -> None:
+    def record_many(self, decisions: list[Decision], *, wait_s: float | None = None) -> None:
         """Buffer all of ``decisions`` or none: when they do not all fit under ``max_pending``,
         wait up to ``room_wait_s`` for a flush to make room (from a worker thread; never on the
         event loop, which the flush needs), then raise ResourceExhausted. SelectBatch records its
         decisions this way, so a call refused halfway leaves no decision in the log that its
-        caller never received."""
+        caller never received. ``wait_s`` shortens the wait (the time left before the caller's
+        deadline: a decision logged after its caller gave up would never be answered)."""
+        limit = self._room_wait_s if wait_s is None else min(wait_s, self._room_wait_s)
         with self._room:
-            if not self._fits(len(decisions)) and not self._wait_for_room(len(decisions)):
+            if not self._fits(len(decisions)) and not self._wait_for_room(len(decisions), limit):
                 # Refuse rather than grow: waiting without a bound, then appending anyway, made
                 # an outage grow the buffer without limit.
                 raise ResourceExhausted(
@@ -216,14 +218,14 @@ class DecisionLog:
     def _fits(self, n: int) -> bool:
         return len(self._buffer) + self._unsent_n + n <= self._high_water
 
-    def _wait_for_room(self, n: int) -> bool:
-        """Under ``self._room``: wait until ``n`` more decisions fit, at most ``room_wait_s``.
+    def _wait_for_room(self, n: int, limit: float) -> bool:
+        """Under ``self._room``: wait until ``n`` more decisions fit, at most ``limit`` seconds.
         A burst (SelectBatch at saturation) then slows down to what the log writes, instead of
         being refused: the waiting workers also free the GIL for the event loop that flushes.
         While flushes fail (an outage) nobody waits: refused at once, as without the wait."""
-        if self._room_wait_s <= 0 or threading.get_ident() == self._loop_thread or n > self._high_water:
+        if limit <= 0 or threading.get_ident() == self._loop_thread or n > self._high_water:
             return False
-        deadline = time.monotonic() + self._room_wait_s
+        deadline = time.monotonic() + limit
         while not self._fits(n):
             left = deadline - time.monotonic()
             if left <= 0 or self._failing:  # PostgreSQL or NATS away: no flush will make room soon

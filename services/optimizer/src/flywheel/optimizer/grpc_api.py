@@ -85,6 +85,13 @@ def _name(value: str, field: str) -> str:
     return check_string(value, field, max_len=service.ENDPOINT_CHARS, required=True, what="the endpoint's name")
 
 
+def _before_deadline(context: grpc.ServicerContext) -> float | None:
+    """Seconds a call may still wait for room in the decision log: its time left less 50 ms for
+    the answer to travel (None: the call has no deadline)."""
+    left = context.time_remaining()
+    return None if left is None else max(0.0, left - 0.05)
+
+
 def _response(d: Decision) -> sel_pb.SelectResponse:
     params = d.params_struct if d.params_struct is not None else struct(d.params)
     return sel_pb.SelectResponse(decision_id=d.decision_id, arm_id=d.arm_id, params=params, probability=d.probability)
@@ -122,13 +129,17 @@ class SelectionServicer(sel_grpc.SelectionServiceServicer):
         return decision
 
     def Select_sync(self, request: sel_pb.SelectRequest, context: grpc.ServicerContext) -> sel_pb.SelectResponse:
-        return _response(self._select_sync(_select_args(request)))
+        decision = self._select_sync({**_select_args(request), "record": False})
+        # At the log's bound a worker waits for room, but not past its caller's deadline.
+        self._log.record_many([decision], wait_s=_before_deadline(context))
+        return _response(decision)
 
     def SelectBatch_sync(
         self, request: sel_pb.SelectBatchRequest, context: grpc.ServicerContext
     ) -> sel_pb.SelectBatchResponse:
         decisions = [self._select_sync({**a, "record": False}) for a in _batch_args(request)]
-        self._log.record_many(decisions)  # all or none: a refused call leaves no decision logged
+        # All or none: a refused call leaves no decision logged.
+        self._log.record_many(decisions, wait_s=_before_deadline(context))
         return sel_pb.SelectBatchResponse(decisions=[_response(d) for d in decisions])
 
     async def Select(self, request: sel_pb.SelectRequest, context: grpc.aio.ServicerContext) -> sel_pb.SelectResponse:
