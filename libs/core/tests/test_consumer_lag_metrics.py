@@ -9,6 +9,7 @@ import datetime as dt
 import time
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import REGISTRY
 
 from flywheel.api.common.v1.common_pb2 import EventMeta
@@ -73,6 +74,7 @@ async def test_each_event_s_lag_is_cut_into_stages():
         spec=catalogue.consumer("optimizer-feedback"),
         message_type=FeedbackEvent,
         batch_handler=handler,
+        lag_sample_every=1,
     )
     stages = ("busy", "fetch", "queue", "handle", "ack", "total")
     count0 = {s: _stage(c.name, s, "count") for s in stages}
@@ -88,3 +90,34 @@ async def test_each_event_s_lag_is_cut_into_stages():
     assert 0.1 <= got["handle"] < 0.5  # 50 ms each
     assert got["ack"] < 0.05
     assert 35.1 < got["total"] < 36.0  # 30.05 + 5.05
+
+
+async def test_the_stages_are_observed_for_a_sample_of_events_by_sequence():
+    async def handler(items):
+        return [None] * len(items)
+
+    catalogue = Catalogue("sampled")
+    c = EventConsumer(
+        js=None,  # type: ignore[arg-type]
+        catalogue=catalogue,
+        spec=catalogue.consumer("optimizer-feedback"),
+        message_type=FeedbackEvent,
+        batch_handler=handler,
+        lag_sample_every=4,
+    )
+    stages = ("busy", "fetch", "queue", "handle", "ack", "total")
+    count0 = {s: _stage(c.name, s, "count") for s in stages}
+    age0 = _sample("flywheel_event_age_seconds_count", c.name)
+    await c._process([FakeMsg(seq, age_s=1.0, pending=0) for seq in range(1, 10)], time.time())  # type: ignore[list-item]
+    # Sequences 4 and 8 are in the sample; every event's age is still observed.
+    assert all(_stage(c.name, s, "count") - count0[s] == 2 for s in stages)
+    assert _sample("flywheel_event_age_seconds_count", c.name) - age0 == 9
+    with pytest.raises(ValueError, match="lag_sample_every"):
+        EventConsumer(
+            js=None,  # type: ignore[arg-type]
+            catalogue=catalogue,
+            spec=catalogue.consumer("optimizer-feedback"),
+            message_type=FeedbackEvent,
+            batch_handler=handler,
+            lag_sample_every=0,
+        )
