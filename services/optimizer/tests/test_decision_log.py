@@ -6,8 +6,10 @@ that record what they were given."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from datetime import timedelta
 
 import asyncpg
 import grpc
@@ -16,7 +18,9 @@ import pytest
 from flywheel.api.common.v1.common_pb2 import DeadLetter
 from flywheel.api.subjects import Catalogue
 from flywheel.core.errors import ResourceExhausted
+from flywheel.optimizer import handlers
 from flywheel.optimizer.decisions import Decision, DecisionLog, new_decision_id
+from flywheel.optimizer.service import FeedbackItem, FeedbackOutcome, NotLoggedYet
 
 
 class FakeDriver:
@@ -310,3 +314,72 @@ async def test_a_caller_near_its_deadline_waits_no_longer_than_its_time_left():
     with pytest.raises(ResourceExhausted):
         await asyncio.to_thread(log.record_many, [decision()], wait_s=0.1)
     assert 0.09 <= time.monotonic() - started < 1.0 and log.pending == 5
+
+
+# FeedbackHandler writes this replica's buffered decisions before applying feedback for them, so
+# such a batch is applied in one transaction, not applied, flushed and applied again. The apply is
+# a fake that knows only what the fake driver wrote (the real path: test_feedback_no_bounce.py).
+
+
+@contextlib.asynccontextmanager
+async def no_session():
+    yield None
+
+
+@pytest.fixture
+def applies(monkeypatch: pytest.MonkeyPatch):
+    """The fake apply: every call's decision ids; an id the driver has not written is NotLoggedYet."""
+    calls: list[list[str]] = []
+
+    def install(engine: FakeEngine) -> list[list[str]]:
+        async def apply(session, *, items, window, folds):
+            calls.append([it.decision_id for it in items])
+            return [
+                FeedbackOutcome(True, "e", "a", 1.0)
+                if it.decision_id in engine.driver.inserted
+                else NotLoggedYet(f"decision {it.decision_id!r} is not logged yet")
+                for it in items
+            ]
+
+        monkeypatch.setattr(handlers.service, "apply_feedback_batch", apply)
+        return calls
+
+    return install
+
+
+def item(decision_id: str) -> FeedbackItem:
+    return FeedbackItem(event_id=f"ev-{decision_id}", decision_id=decision_id, reward=1.0, signals={})
+
+
+async def test_feedback_for_a_buffered_decision_is_applied_once_after_a_flush(applies) -> None:
+    engine = FakeEngine()
+    log = DecisionLog(engine, FakePublisher(), Catalogue("t"), flush_interval_s=5.0)  # type: ignore[arg-type]
+    calls = applies(engine)
+    handler = handlers.FeedbackHandler(no_session, timedelta(days=1), log)  # type: ignore[arg-type]
+    written, buffered = decision(), decision()
+    log.record(written)
+    await log.flush()
+    log.record(buffered)
+    assert log.holds_any({buffered.decision_id}) and not log.holds_any({written.decision_id, "other"})
+
+    outcomes = await handler._apply([item(written.decision_id), item(buffered.decision_id)])
+
+    assert all(type(o) is FeedbackOutcome for o in outcomes)
+    assert calls == [[written.decision_id, buffered.decision_id]]  # one apply, after the flush
+    assert buffered.decision_id in engine.driver.inserted and not log.holds_any({buffered.decision_id})
+
+
+async def test_without_a_buffered_decision_nothing_is_flushed_first(applies) -> None:
+    engine = FakeEngine()
+    log = DecisionLog(engine, FakePublisher(), Catalogue("t"), flush_interval_s=5.0)  # type: ignore[arg-type]
+    calls = applies(engine)
+    handler = handlers.FeedbackHandler(no_session, timedelta(days=1), log)  # type: ignore[arg-type]
+    other = decision()
+    log.record(other)  # another endpoint's decision, in the buffer: not this batch's business
+
+    outcomes = await handler._apply([item("unknown-decision")])
+
+    # Not this replica's: applied, found missing, flushed (it may have been made meanwhile), tried again.
+    assert isinstance(outcomes[0], NotLoggedYet)
+    assert calls == [["unknown-decision"], ["unknown-decision"]]
+    assert engine.driver.inserted == [other.decision_id]  # the fallback's flush

@@ -309,6 +309,15 @@ class DecisionLog:
         """How long a decision waits in the buffer at most before its flush starts."""
         return self._interval
 
+    def holds_any(self, decision_ids: set[str]) -> bool:
+        """Whether any of ``decision_ids`` is made here and not written yet (buffered, or in the
+        batch being written). Feedback that arrives this early would miss its decision in
+        PostgreSQL; flushing first saves applying its batch twice."""
+        with self._room:
+            return any(d.decision_id in decision_ids for d in self._unsent) or any(
+                d.decision_id in decision_ids for d in self._buffer
+            )
+
     @property
     def pending(self) -> int:
         """Decisions made but not yet written and published."""

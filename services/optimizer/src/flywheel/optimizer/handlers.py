@@ -197,10 +197,16 @@ class FeedbackHandler:
         return list(outcomes)
 
     async def _apply(self, items: list[FeedbackItem]) -> list[FeedbackOutcome | Exception]:
+        if self._decisions is not None and self._decisions.holds_any({it.decision_id for it in items}):
+            # A decision of this batch is still in this replica's buffer (feedback within the
+            # flush interval): write it first, so the batch is applied in one transaction rather
+            # than applied, flushed and applied again (bench/service-regret/lag.py: 40% of
+            # batches at 200 decisions/s were applied twice).
+            await self._decisions.flush()
         outcomes = await self._apply_once(items)
         early = [i for i, o in enumerate(outcomes) if isinstance(o, NotLoggedYet)]
         if early and self._decisions is not None:
-            # Their decisions may be in this replica's buffer, or being written by its flusher
+            # Their decisions may have been made meanwhile, or be being written by the flusher
             # right now: flush() takes the same lock, so it returns once both are in PostgreSQL.
             await self._decisions.flush()
             again = await self._apply_once([items[i] for i in early])
