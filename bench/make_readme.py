@@ -14,7 +14,7 @@ from a result.
 The ``<!-- run -->`` line is replaced by the last run of every benchmark
 (``bench/results/run.json``, written by ``bench/run_all.py``): its commit, date and machine, and
 per bench the mode, status, rc, wall time and whether the bench's results JSON carries that
-commit ("same commit", "older: <sha>" or "unstamped").
+commit ("same commit", "another commit: <sha>" (a bench rerun after the run) or "unstamped").
 """
 
 from __future__ import annotations
@@ -104,6 +104,12 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("CPU ms per refresh, rebuild", ("cpu_ms_per_refresh", "rebuild")),
     ],
     "regret": [("wall time (s)", ("wall_s",))],
+    "service-regret-lag-replay": [
+        ("mean ratio over the 8 worlds, lag 5 decisions", ("mean_ratio_by_lag", "5")),
+        ("mean ratio, lag 10", ("mean_ratio_by_lag", "10")),
+        ("mean ratio, lag 20", ("mean_ratio_by_lag", "20")),
+        ("mean ratio, lag 50", ("mean_ratio_by_lag", "50")),
+    ],
     "rlp": [
         ("mean evaluations to target, search alone", ("search", "mean_evaluations_to_target")),
         ("mean evaluations to target, with RLP", ("search_rlp", "mean_evaluations_to_target")),
@@ -276,7 +282,7 @@ def provenance(name: str, commit: str) -> str:
     found = str(stamp.get("commit") or "")
     if not found:
         return "unstamped"
-    return "same commit" if found == commit else f"older: `{found[:7]}`"
+    return "same commit" if found == commit else f"another commit: `{found[:7]}`"
 
 
 def _minutes(seconds: Any) -> str:

@@ -129,7 +129,7 @@ def test_this_run_says_which_jsons_carry_its_commit(tmp_path: Path, monkeypatch:
     assert "Commit `aaaaaaa`, started 2026-11-24T22:00:00+00:00, 10.0 min in all" in text
     assert "`python bench/run_all.py --mode q`; Test CPU, 2 cores." in text
     assert "| ope | quick | ok | 0 | 1.0 min | same commit |" in text
-    assert "| regret | full | failed | 1 | 0.5 min | older: `bbbbbbb` |" in text
+    assert "| regret | full | failed | 1 | 0.5 min | another commit: `bbbbbbb` |" in text
     assert "| judge | quick | ok | 0 | 1.5 min | unstamped |" in text
     assert "| select | quick | skipped: peers not installed: mabwiser |  |  | missing |" in text
     assert "| sao | quick | not run: HEAD moved |  |  | missing |" in text
