@@ -74,6 +74,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         bus.catalogue,
         flush_interval_s=settings.decision_flush_interval_s,
         max_pending=settings.decision_log_max_pending,
+        room_wait_s=settings.decision_log_room_wait_s,
     )
     # Segmented endpoints: per-segment snapshots, refreshed in the background (segment_cache.py).
     segments = SegmentCache(

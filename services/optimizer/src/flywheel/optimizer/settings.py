@@ -50,6 +50,9 @@ class OptimizerSettings(ServiceSettings):
     # Decisions made but not yet written (PostgreSQL or NATS slow or away): past this many,
     # Select answers RESOURCE_EXHAUSTED instead of buffering more (bounded memory in an outage).
     decision_log_max_pending: int = Field(10_000, ge=1)
+    # At that bound, a Select on a worker thread of the sync server waits this long at most for a
+    # flush to make room (never past its deadline, never while flushes fail); 0: refused at once.
+    decision_log_room_wait_s: float = Field(1.0, ge=0, le=10)
     # How often the elected replica judges incumbents and canaries.
     lifecycle_interval_s: float = Field(2.0, gt=0)
     # How often the run driver steps each running batch run (fold results, send requests).
