@@ -47,45 +47,14 @@ from flywheel.stack.stack import Servers
 SCHEMA = "micro"
 ENDPOINT = "bench"
 
-# The statement of the log before H4 (decisions.py at aab7854), the reference.
-_UNNEST = """
-WITH inserted AS (
-INSERT INTO decisions (decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
-                       context, features, sticky, created_at)
-SELECT r.decision_id, r.endpoint, r.arm_id, r.probability, r.user_id, r.session_id, r.segment,
-       j.value -> 0,
-       CASE WHEN json_typeof(j.value -> 1) = 'array'
-            THEN ARRAY(SELECT json_array_elements_text(j.value -> 1)::float8) END,
-       r.sticky, r.created_at
-FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::text[],
-            $8::bool[], $9::timestamptz[])
-     WITH ORDINALITY AS r(decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
-                          sticky, created_at, n)
-JOIN json_array_elements($10::json) WITH ORDINALITY AS j(value, n) USING (n)
-ON CONFLICT (decision_id) DO NOTHING
-RETURNING endpoint),
-counted AS (SELECT endpoint, count(*) AS n FROM inserted GROUP BY endpoint),
-locked AS (SELECT e.name, c.n FROM endpoints e JOIN counted c ON c.endpoint = e.name
-           ORDER BY e.name FOR NO KEY UPDATE OF e)
-UPDATE endpoints SET decisions_total = endpoints.decisions_total + locked.n
-FROM locked WHERE endpoints.name = locked.name
-"""
-
 
 async def unnest_insert(conn, batch) -> None:
-    await conn.execute(
-        _UNNEST,
-        [d.decision_id for d in batch],
-        [d.endpoint for d in batch],
-        [d.arm_id for d in batch],
-        [d.probability for d in batch],
-        [d.user_id for d in batch],
-        [d.session_id for d in batch],
-        [d.segment for d in batch],
-        [d.sticky for d in batch],
-        [d.created_at for d in batch],
-        json.dumps([(d.context, d.features) for d in batch]),
-    )
+    """The reference: the log's one statement before issue 19's work (decisions.py at aab7854),
+    which the log still uses for a retried batch (unnest arrays, ON CONFLICT DO NOTHING, the
+    clock counted from the inserted rows)."""
+    from flywheel.optimizer.decisions import _INSERT_AND_COUNT, _columns
+
+    await conn.execute(_INSERT_AND_COUNT, *_columns(batch))
 
 
 _COLUMNS = (
