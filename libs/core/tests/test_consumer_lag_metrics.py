@@ -36,18 +36,27 @@ def _sample(name: str, consumer: str) -> float:
     return REGISTRY.get_sample_value(name, {"consumer": consumer}) or 0.0
 
 
-async def test_event_age_and_pending_are_exported_per_consumer():
-    async def handler(items):
-        return [None] * len(items)
+STAGES = ("busy", "fetch", "queue", "handle", "ack", "total")
 
-    catalogue = Catalogue("lag")
-    c = EventConsumer(
+
+def feedback_consumer(prefix: str, handler, **options) -> EventConsumer:
+    """An optimizer-feedback consumer of a catalogue named ``prefix`` (no NATS: ``_process`` only)."""
+    catalogue = Catalogue(prefix)
+    return EventConsumer(
         js=None,  # type: ignore[arg-type]
         catalogue=catalogue,
         spec=catalogue.consumer("optimizer-feedback"),
         message_type=FeedbackEvent,
         batch_handler=handler,
+        **options,
     )
+
+
+async def test_event_age_and_pending_are_exported_per_consumer():
+    async def handler(items):
+        return [None] * len(items)
+
+    c = feedback_consumer("lag", handler)
     count0 = _sample("flywheel_event_age_seconds_count", c.name)
     sum0 = _sample("flywheel_event_age_seconds_sum", c.name)
     await c._process([FakeMsg(1, age_s=30.0, pending=9), FakeMsg(2, age_s=20.0, pending=8)])  # type: ignore[list-item]
@@ -67,16 +76,8 @@ async def test_each_event_s_lag_is_cut_into_stages():
         await asyncio.sleep(0.05)
         return [None] * len(items)
 
-    catalogue = Catalogue("stages")
-    c = EventConsumer(
-        js=None,  # type: ignore[arg-type]
-        catalogue=catalogue,
-        spec=catalogue.consumer("optimizer-feedback"),
-        message_type=FeedbackEvent,
-        batch_handler=handler,
-        lag_sample_every=1,
-    )
-    stages = ("busy", "fetch", "queue", "handle", "ack", "total")
+    c = feedback_consumer("stages", handler, lag_sample_every=1)
+    stages = STAGES
     count0 = {s: _stage(c.name, s, "count") for s in stages}
     sum0 = {s: _stage(c.name, s) for s in stages}
     # Stored 30 s and 5 s ago; the fetch that took them was sent 10 s ago.
@@ -96,16 +97,8 @@ async def test_the_stages_are_observed_for_a_sample_of_events_by_sequence():
     async def handler(items):
         return [None] * len(items)
 
-    catalogue = Catalogue("sampled")
-    c = EventConsumer(
-        js=None,  # type: ignore[arg-type]
-        catalogue=catalogue,
-        spec=catalogue.consumer("optimizer-feedback"),
-        message_type=FeedbackEvent,
-        batch_handler=handler,
-        lag_sample_every=4,
-    )
-    stages = ("busy", "fetch", "queue", "handle", "ack", "total")
+    c = feedback_consumer("sampled", handler, lag_sample_every=4)
+    stages = STAGES
     count0 = {s: _stage(c.name, s, "count") for s in stages}
     age0 = _sample("flywheel_event_age_seconds_count", c.name)
     await c._process([FakeMsg(seq, age_s=1.0, pending=0) for seq in range(1, 10)], time.time())  # type: ignore[list-item]
@@ -113,11 +106,4 @@ async def test_the_stages_are_observed_for_a_sample_of_events_by_sequence():
     assert all(_stage(c.name, s, "count") - count0[s] == 2 for s in stages)
     assert _sample("flywheel_event_age_seconds_count", c.name) - age0 == 9
     with pytest.raises(ValueError, match="lag_sample_every"):
-        EventConsumer(
-            js=None,  # type: ignore[arg-type]
-            catalogue=catalogue,
-            spec=catalogue.consumer("optimizer-feedback"),
-            message_type=FeedbackEvent,
-            batch_handler=handler,
-            lag_sample_every=0,
-        )
+        feedback_consumer("sampled", handler, lag_sample_every=0)
