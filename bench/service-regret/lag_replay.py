@@ -90,26 +90,61 @@ def replay(params: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "mean_ratio_by_lag": pooled}
 
 
+def _ints(text: str, *, least: int, what: str) -> list[int]:
+    """A comma-separated list of integers >= ``least``, or a clear argparse error."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if any(v < least for v in values):
+        raise argparse.ArgumentTypeError(f"{what} must be >= {least}, got {text!r}")
+    return values
+
+
+def _at_least(least: int):
+    def parse(text: str) -> int:
+        value = _ints(text, least=least, what="the value")
+        if len(value) != 1:
+            raise argparse.ArgumentTypeError(f"one integer expected, got {text!r}")
+        return value[0]
+
+    return parse
+
+
+def _worlds(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [n for n in names if n not in WORLDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown world(s) {', '.join(unknown)}; choose from {', '.join(WORLDS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     """Play the worlds in process at each lag and print the ratio each lag implies."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lags", default="0,5,10,20,50,100", help="lags in decisions; 0 is added if missing")
-    ap.add_argument("--seeds", type=int, default=200, help="world seeds, each with its own sampling seed")
-    ap.add_argument("--horizon", type=int, default=1000)
-    ap.add_argument("--arms", default="2,10")
-    ap.add_argument("--worlds", default=",".join(WORLDS))
+    ap.add_argument(
+        "--lags",
+        type=lambda s: _ints(s, least=0, what="--lags"),
+        default=[0, 5, 10, 20, 50, 100],
+        help="lags in decisions (comma-separated, >= 0); 0 is added if missing",
+    )
+    # Two seeds at least: the ratio's interval is a bootstrap over seeds.
+    ap.add_argument("--seeds", type=_at_least(2), default=200, help="world seeds, each with its own sampling seed")
+    ap.add_argument("--horizon", type=_at_least(10), default=1000)
+    ap.add_argument("--arms", type=lambda s: _ints(s, least=2, what="--arms"), default=[2, 10])
+    ap.add_argument("--worlds", type=_worlds, default=list(WORLDS))
     ap.add_argument("--jitter", action="store_true", help="lag uniform on [0, 2L] per reward instead of constant")
     ap.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag-replay.json")
     args = ap.parse_args(argv)
-    lags = sorted({0, *(int(x) for x in args.lags.split(","))})
+    lags = sorted({0, *args.lags})
     params = {
         "lags": lags,
         "seeds": args.seeds,
         "horizon": args.horizon,
         "gap": 0.1,
         "max_delay": 100,
-        "arms": [int(a) for a in args.arms.split(",")],
-        "worlds": args.worlds.split(","),
+        "arms": args.arms,
+        "worlds": args.worlds,
         "jitter": args.jitter,
     }
     figures = replay(params)

@@ -53,3 +53,21 @@ def test_a_long_lag_costs_regret_and_lag_zero_is_the_reference(replay) -> None:
     assert rows[0]["ratio"] == 1.0
     # Half the horizon without feedback: the policy keeps splitting its traffic for 300 decisions.
     assert rows[300]["ratio"] > 1.5 and rows[300]["ci_low"] > 1.0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--lags", "abc"], "comma-separated integers"),
+        (["--lags", "5,-1"], ">= 0"),
+        (["--seeds", "0"], ">= 2"),
+        (["--worlds", "stationary,nope"], "unknown world(s) nope"),
+        (["--arms", "1"], ">= 2"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_runs(replay, tmp_path, capsys, args, says) -> None:
+    out = tmp_path / "replay.json"
+    with pytest.raises(SystemExit) as exit_:
+        replay.main([*args, "--out", str(out)])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+    assert not out.exists()  # no results file that looks like a run (--seeds 0 used to write NaN ratios)
