@@ -206,10 +206,10 @@ def client_link_problem(
 
 class ClientLinks(BaseSettings):
     """Mixin for settings that call other services over gRPC. For each name in ``LINKS`` the
-    class declares ``<link>_address``, ``<link>_auth_token``, ``<link>_allow_insecure`` and
-    ``<link>_tls``/``_tls_ca_file``/``_tls_cert_file``/``_tls_key_file``/``_tls_server_name``
-    (so each keeps its service's env names); this gives their TLS and token and checks them
-    at start (a token never crosses the network in plaintext, cert and key come together)."""
+    class inherits that link's fields from :func:`flywheel.core.link_settings.link_settings`
+    (``<link>_address``, ``<link>_auth_token``, ``<link>_tls``… with its service's env names);
+    this gives their TLS and token and checks them at start (a token never crosses the network
+    in plaintext, cert and key come together)."""
 
     LINKS: ClassVar[tuple[str, ...]] = ()
     LINK_NAMES: ClassVar[dict[str, str]] = {"judge": "reward judge"}

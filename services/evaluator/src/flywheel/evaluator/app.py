@@ -9,7 +9,6 @@ from datetime import timedelta
 import httpx
 
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest
-from flywheel.api.tls import ClientTls
 from flywheel.core import entrypoint
 from flywheel.core.bus.work_queue import WorkQueueConsumer
 from flywheel.core.infra import connect_bus
@@ -27,15 +26,8 @@ async def build(settings: EvaluatorSettings, parts: ServiceParts) -> None:
     bus = await connect_bus(settings.nats, name=NAME, parts=parts)
     judge = JudgeClient(
         settings.judge_address,
-        auth_token=settings.judge_auth_token.get_secret_value() if settings.judge_auth_token else None,
-        tls=ClientTls.from_files(
-            ca_file=settings.judge_tls_ca_file,
-            cert_file=settings.judge_tls_cert_file,
-            key_file=settings.judge_tls_key_file,
-            server_name=settings.judge_tls_server_name,
-        )
-        if settings.judge_tls_on
-        else None,
+        auth_token=settings.link_token("judge"),
+        tls=settings.link_tls("judge"),
         timeout_s=settings.judge_timeout_s,
         address_setting=ADDRESS_SETTING,
     )

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, FilePath, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.core.link_settings import JudgeLink, OptimizerLink, TraceStoreLink, TrainerLink
 from flywheel.core.llm import LlmSettings
 from flywheel.core.settings import ClientLinks, DatabaseSettings, NatsSettings, S3Settings, ServiceSettings
 
 
-class SocietySettings(ClientLinks, ServiceSettings):
+# Links to the services the society calls (flywheel.core.link_settings): the optimizer, the
+# judge, the trainer, and the trace store, whose endpoint traces SAO mixes real prompts from
+# (StartSaoRound.endpoint).
+class SocietySettings(OptimizerLink, JudgeLink, TrainerLink, TraceStoreLink, ClientLinks, ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_SOCIETY_", extra="ignore")
     LINKS: ClassVar[tuple[str, ...]] = ("optimizer", "judge", "trainer", "trace_store")
 
@@ -62,45 +66,6 @@ class SocietySettings(ClientLinks, ServiceSettings):
     sao_concurrency: int = Field(1, ge=1, le=16)
     # Rounds and datasets older than this are deleted (their S3 objects stay for trained lineage).
     retention_days: float = Field(90.0, gt=0)
-
-    # Services the society calls (see flywheel.core.settings.ClientLinks).
-    optimizer_address: str = ""
-    optimizer_auth_token: SecretStr | None = None
-    optimizer_timeout_s: float = Field(10.0, gt=0)
-    optimizer_tls: bool = False
-    optimizer_tls_ca_file: FilePath | None = None
-    optimizer_tls_cert_file: FilePath | None = None
-    optimizer_tls_key_file: FilePath | None = None
-    optimizer_tls_server_name: str | None = None
-    optimizer_allow_insecure: bool = False
-    judge_address: str = ""
-    judge_auth_token: SecretStr | None = None
-    judge_timeout_s: float = Field(60.0, gt=0)
-    judge_tls: bool = False
-    judge_tls_ca_file: FilePath | None = None
-    judge_tls_cert_file: FilePath | None = None
-    judge_tls_key_file: FilePath | None = None
-    judge_tls_server_name: str | None = None
-    judge_allow_insecure: bool = False
-    trainer_address: str = ""
-    trainer_auth_token: SecretStr | None = None
-    trainer_timeout_s: float = Field(30.0, gt=0)
-    trainer_tls: bool = False
-    trainer_tls_ca_file: FilePath | None = None
-    trainer_tls_cert_file: FilePath | None = None
-    trainer_tls_key_file: FilePath | None = None
-    trainer_tls_server_name: str | None = None
-    trainer_allow_insecure: bool = False
-    # SAO mixes in real prompts of an endpoint's traces (StartSaoRound.endpoint) read from here.
-    trace_store_address: str = ""
-    trace_store_auth_token: SecretStr | None = None
-    trace_store_timeout_s: float = Field(10.0, gt=0)
-    trace_store_tls: bool = False
-    trace_store_tls_ca_file: FilePath | None = None
-    trace_store_tls_cert_file: FilePath | None = None
-    trace_store_tls_key_file: FilePath | None = None
-    trace_store_tls_server_name: str | None = None
-    trace_store_allow_insecure: bool = False
 
     def allowed_models(self) -> list[str]:
         """Model names a run or a request may choose."""

@@ -7,9 +7,10 @@ import socket
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, FilePath, SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.core.link_settings import JudgeLink, OptimizerLink
 from flywheel.core.run_policy import RunPolicySettings
 from flywheel.core.settings import (
     ClientLinks,
@@ -20,7 +21,10 @@ from flywheel.core.settings import (
 )
 
 
-class TrainerSettings(ClientLinks, ServiceSettings):
+# Links (flywheel.core.link_settings): the reward judge (GRPO/RLOO judge rewards; the win rate
+# of a trained policy against its base) and the optimizer (a job naming an endpoint enrols its
+# version as a canary arm there; the registry follows the bandit's verdict on that arm).
+class TrainerSettings(JudgeLink, OptimizerLink, ClientLinks, ServiceSettings):
     LINKS: ClassVar[tuple[str, ...]] = ("judge", "optimizer")
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_TRAINER_", extra="ignore")
 
@@ -70,28 +74,6 @@ class TrainerSettings(ClientLinks, ServiceSettings):
     # Jobs kept in PostgreSQL (finished ones older than this are deleted).
     job_retention_days: float = Field(90.0, gt=0)
 
-    # -- links to other services ----------------------------------------------------------------
-    # Reward judge (GRPO/RLOO judge rewards; the win rate of a trained policy against its base).
-    judge_address: str = ""
-    judge_auth_token: SecretStr | None = None
-    judge_timeout_s: float = Field(60.0, gt=0)
-    judge_tls: bool = False
-    judge_tls_ca_file: FilePath | None = None
-    judge_tls_cert_file: FilePath | None = None
-    judge_tls_key_file: FilePath | None = None
-    judge_tls_server_name: str | None = None
-    judge_allow_insecure: bool = False
-    # Optimizer (a job naming an endpoint enrols its version as a canary arm there; the registry
-    # follows the bandit's verdict on that arm).
-    optimizer_address: str = ""
-    optimizer_auth_token: SecretStr | None = None
-    optimizer_timeout_s: float = Field(10.0, gt=0)
-    optimizer_tls: bool = False
-    optimizer_tls_ca_file: FilePath | None = None
-    optimizer_tls_cert_file: FilePath | None = None
-    optimizer_tls_key_file: FilePath | None = None
-    optimizer_tls_server_name: str | None = None
-    optimizer_allow_insecure: bool = False
     # How often canary versions are compared with their arm's status in the optimizer.
     canary_follow_s: float = Field(5.0, gt=0)
     # Model server (OpenAI-compatible, vLLM's runtime LoRA API) that serves new versions; empty:
