@@ -14,14 +14,21 @@ measured in the service (`lag.py`, or the README's hand measurement) explain its
     python bench/service-regret/lag_replay.py --lags 15,25 --seeds 400 --out /tmp/replay.json
 
 Lags are constants in decisions (a lag of L at R decisions/s is L/R seconds); ``--jitter``
-draws each reward's lag uniformly on [0, 2L] instead (same mean). Results are stamped with
-`flywheel.stack.benchstamp` (commit, date, machine, command).
+draws each reward's lag uniformly on [0, 2L] instead (same mean). ``--measured`` adds, per mode
+of a `lag.py` results file, a lag drawn for every reward from the distribution that mode measured
+in the service: the publish (`sdk` stage) plus stored -> applied (`total`), each drawn from the
+piecewise-linear quantile function through 0, its p50, p90 and p99 (in decisions; the top 1% held
+at p99, so the tail is, if anything, understated). That prices the lag as it varies, not only its
+median. Results are stamped with `flywheel.stack.benchstamp` (commit, date, machine, command).
+
+    python bench/service-regret/lag_replay.py --lags 10 --seeds 100 --measured bench/results/service-regret-lag.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -45,6 +52,31 @@ def lagged(world: World, lag: int, jitter: bool, rng: np.random.Generator) -> Wo
     return dataclasses.replace(world, delays=world.delays + extra.astype(np.int64))
 
 
+def quantile_sampler(stage: dict[str, float]) -> Any:
+    """Draws from the piecewise-linear quantile function through (0, 0), (.5, p50), (.9, p90),
+    (.99, p99) and (1, p99) of one `lag.py` stage, in decisions."""
+    levels = [0.0, 0.5, 0.9, 0.99, 1.0]
+    values = [0.0, stage["p50_decisions"], stage["p90_decisions"], stage["p99_decisions"], stage["p99_decisions"]]
+    if values != sorted(values):
+        raise ValueError(f"quantiles must not decrease: {values}")
+    return lambda rng, n: np.interp(rng.random(n), levels, values)
+
+
+def measured_lags(path: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """{mode: {"sdk": stage, "total": stage}} from a `lag.py` results file (its default variant,
+    or its only one)."""
+    rows = json.loads(path.read_text())["rows"]
+    variants = {r["variant"] for r in rows}
+    keep = "default" if "default" in variants else sorted(variants)[0]
+    return {r["mode"]: {k: r["stages"][k] for k in ("sdk", "total")} for r in rows if r["variant"] == keep}
+
+
+def measured_extra(stages: dict[str, dict[str, float]], horizon: int, rng: np.random.Generator) -> np.ndarray:
+    """Each reward's extra lag in whole decisions: a publish draw plus a stored -> applied draw."""
+    total = quantile_sampler(stages["sdk"])(rng, horizon) + quantile_sampler(stages["total"])(rng, horizon)
+    return np.rint(total).astype(np.int64)
+
+
 def paired_ratio(lagged_regret: np.ndarray, reference: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
     """Ratio of mean regrets with a 95% paired bootstrap interval over seeds."""
     n = len(reference)
@@ -60,7 +92,8 @@ def paired_ratio(lagged_regret: np.ndarray, reference: np.ndarray, rng: np.rando
 def replay(params: dict[str, Any]) -> dict[str, Any]:
     """Regret of every (world, k) at every lag, paired with lag 0, over ``params['seeds']`` seeds."""
     rows = []
-    lags: list[int] = params["lags"]
+    measured: dict[str, Any] = params.get("measured") or {}
+    lags: list[int | str] = [*params["lags"], *measured]
     for name in params["worlds"]:
         for k in params["arms"]:
             started = time.perf_counter()
@@ -69,7 +102,12 @@ def replay(params: dict[str, Any]) -> dict[str, Any]:
                 world = make_world(name, "bernoulli", k, seed, params["horizon"], params["gap"], params["max_delay"])
                 half_life = params["horizon"] / 4 if name == "drift" else 0.0
                 for i, lag in enumerate(lags):
-                    shifted = lagged(world, lag, params["jitter"], np.random.default_rng([seed, lag, 7]))
+                    if isinstance(lag, str):  # a mode measured by lag.py
+                        rng = np.random.default_rng([seed, i, 11])
+                        extra = measured_extra(measured[lag], world.horizon, rng)
+                        shifted = dataclasses.replace(world, delays=world.delays + extra)
+                    else:
+                        shifted = lagged(world, lag, params["jitter"], np.random.default_rng([seed, lag, 7]))
                     arms = run_in_process(shifted, half_life, seed=10_000 + seed)
                     regrets[i, seed] = world.regret(arms).sum()
             boot_rng = np.random.default_rng(0)
@@ -134,8 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", type=lambda s: _ints(s, least=2, what="--arms"), default=[2, 10])
     ap.add_argument("--worlds", type=_worlds, default=list(WORLDS))
     ap.add_argument("--jitter", action="store_true", help="lag uniform on [0, 2L] per reward instead of constant")
+    ap.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        help="a lag.py results file: also replay each of its modes' measured lag distribution",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag-replay.json")
     args = ap.parse_args(argv)
+    measured = None
+    if args.measured is not None:
+        try:
+            measured = measured_lags(args.measured)
+            for stages in measured.values():
+                for stage in stages.values():
+                    quantile_sampler(stage)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--measured {args.measured}: not a lag.py results file ({type(exc).__name__}: {exc})")
     lags = sorted({0, *args.lags})
     params = {
         "lags": lags,
@@ -146,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         "arms": args.arms,
         "worlds": args.worlds,
         "jitter": args.jitter,
+        "measured": measured,
+        "measured_from": str(args.measured) if args.measured else None,
     }
     figures = replay(params)
     by_lag = figures["mean_ratio_by_lag"].items()

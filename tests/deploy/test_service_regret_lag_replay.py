@@ -4,6 +4,7 @@ replay in which a long lag costs regret (the effect the script exists to measure
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -71,3 +72,40 @@ def test_bad_arguments_are_refused_before_anything_runs(replay, tmp_path, capsys
         replay.main([*args, "--out", str(out)])
     assert exit_.value.code == 2 and says in capsys.readouterr().err
     assert not out.exists()  # no results file that looks like a run (--seeds 0 used to write NaN ratios)
+
+
+def _stage(p50: float, p90: float, p99: float) -> dict[str, float]:
+    return {"p50_decisions": p50, "p90_decisions": p90, "p99_decisions": p99}
+
+
+def test_a_measured_lag_follows_the_stages_quantiles(replay) -> None:
+    draws = replay.quantile_sampler(_stage(10, 30, 80))(np.random.default_rng(0), 100_000)
+    assert np.quantile(draws, 0.5) == pytest.approx(10, abs=0.3)
+    assert np.quantile(draws, 0.9) == pytest.approx(30, abs=0.6)
+    assert draws.min() >= 0 and draws.max() <= 80
+    extra = replay.measured_extra({"sdk": _stage(1, 2, 3), "total": _stage(10, 30, 80)}, 5000, np.random.default_rng(1))
+    assert extra.dtype == np.int64 and 9 <= np.median(extra) <= 13
+    with pytest.raises(ValueError, match="must not decrease"):
+        replay.quantile_sampler(_stage(10, 5, 80))
+
+
+def test_measured_modes_are_replayed_beside_the_constant_lags(replay, tmp_path) -> None:
+    lag_file = tmp_path / "lag.json"
+    slow = {"sdk": _stage(1, 2, 3), "total": _stage(250, 300, 350)}
+    fast = {"sdk": _stage(0, 0, 0), "total": _stage(0, 0, 0)}
+    rows = [{"variant": "default", "mode": m, "stages": s} for m, s in (("slow", slow), ("fast", fast))]
+    lag_file.write_text(json.dumps({"rows": rows}))
+    measured = replay.measured_lags(lag_file)
+    params = {"lags": [0], "seeds": 6, "horizon": 600, "gap": 0.2, "max_delay": 0, "arms": [2]}
+    figures = replay.replay({**params, "worlds": ["stationary"], "jitter": False, "measured": measured})
+    ratio = figures["mean_ratio_by_lag"]
+    assert ratio["fast"] == 1.0  # a measured lag of 0 is the reference, draw for draw
+    assert ratio["slow"] > 1.3
+
+
+def test_a_file_that_is_not_lag_output_is_refused(replay, tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": [{"variant": "default", "mode": "x", "stages": {}}]}')
+    with pytest.raises(SystemExit) as exit_:
+        replay.main(["--measured", str(bad), "--out", str(tmp_path / "o.json")])
+    assert exit_.value.code == 2 and "not a lag.py results file" in capsys.readouterr().err
