@@ -63,9 +63,9 @@ def quantile_sampler(stage: dict[str, float]) -> Any:
 
 
 def measured_lags(path: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """{mode: {"sdk": stage, "total": stage}} from a `lag.py` results file (its default variant,
-    or its only one)."""
-    rows = json.loads(path.read_text())["rows"]
+    """{mode: {"sdk": stage, "total": stage}} from a `lag.py` results file: its repeats pooled,
+    for its default variant (or the first by name)."""
+    rows = json.loads(path.read_text())["pooled"]
     variants = {r["variant"] for r in rows}
     keep = "default" if "default" in variants else sorted(variants)[0]
     return {r["mode"]: {k: r["stages"][k] for k in ("sdk", "total")} for r in rows if r["variant"] == keep}

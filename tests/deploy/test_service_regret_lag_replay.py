@@ -94,7 +94,7 @@ def test_measured_modes_are_replayed_beside_the_constant_lags(replay, tmp_path) 
     slow = {"sdk": _stage(1, 2, 3), "total": _stage(250, 300, 350)}
     fast = {"sdk": _stage(0, 0, 0), "total": _stage(0, 0, 0)}
     rows = [{"variant": "default", "mode": m, "stages": s} for m, s in (("slow", slow), ("fast", fast))]
-    lag_file.write_text(json.dumps({"rows": rows}))
+    lag_file.write_text(json.dumps({"pooled": rows}))
     measured = replay.measured_lags(lag_file)
     params = {"lags": [0], "seeds": 6, "horizon": 600, "gap": 0.2, "max_delay": 0, "arms": [2]}
     figures = replay.replay({**params, "worlds": ["stationary"], "jitter": False, "measured": measured})
@@ -105,7 +105,7 @@ def test_measured_modes_are_replayed_beside_the_constant_lags(replay, tmp_path) 
 
 def test_a_file_that_is_not_lag_output_is_refused(replay, tmp_path, capsys) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text('{"rows": [{"variant": "default", "mode": "x", "stages": {}}]}')
+    bad.write_text('{"pooled": [{"variant": "default", "mode": "x", "stages": {}}]}')
     with pytest.raises(SystemExit) as exit_:
         replay.main(["--measured", str(bad), "--out", str(tmp_path / "o.json")])
     assert exit_.value.code == 2 and "not a lag.py results file" in capsys.readouterr().err
