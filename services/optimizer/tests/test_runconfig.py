@@ -200,3 +200,14 @@ def test_racing_incumbent_and_revisit_reach_the_search_settings():
     found = problems(base(optimization={"racing": {"incumbent_confidence": 1.5, "revisit": -1}}))
     assert any(p.startswith("optimization.racing.incumbent_confidence:") for p in found), found
     assert any(p.startswith("optimization.racing.revisit:") for p in found), found
+
+
+def test_racing_sequential_and_margin_reach_the_search_settings():
+    default = parse_run_config(base()).optimization.search_settings()
+    assert (default.racing_sequential, default.racing_margin) == ("none", 0.0)
+    racing = {"sequential": "spending", "margin": 0.02}
+    settings = parse_run_config(base(optimization={"racing": racing})).optimization.search_settings()
+    assert (settings.racing_sequential, settings.racing_margin) == ("spending", 0.02)
+    found = problems(base(optimization={"racing": {"sequential": "pocock", "margin": -1}}))
+    assert any(p.startswith("optimization.racing.sequential:") for p in found), found
+    assert any(p.startswith("optimization.racing.margin:") for p in found), found

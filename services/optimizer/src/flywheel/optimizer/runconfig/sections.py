@@ -119,6 +119,9 @@ class RacingConfig(BaseModel):
     incumbent: bool = False
     incumbent_confidence: float | None = Field(default=None, gt=0.5, lt=1)
     revisit: int = Field(default=0, ge=0)
+    # the search's racing_sequential and racing_margin (a test corrected for its repeated looks; off)
+    sequential: Literal["none", "bonferroni", "spending", "mixture"] = "none"
+    margin: float = Field(default=0.0, ge=0)
 
 
 class MabConfig(BaseModel):
@@ -221,6 +224,8 @@ class OptimizationConfig(BaseModel):
             racing_incumbent=self.racing.incumbent,
             racing_incumbent_confidence=self.racing.incumbent_confidence,
             racing_revisit=self.racing.revisit,
+            racing_sequential=self.racing.sequential,
+            racing_margin=self.racing.margin,
             patience=stop.patience if stop.enabled else None,
             min_improvement=stop.min_improvement,
             max_evaluations=self.max_evaluations,

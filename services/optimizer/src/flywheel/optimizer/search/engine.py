@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from .scores import Posterior, confidently_worse, posterior
+from .scores import Posterior, confidently_worse_sequential, posterior, racing_looks
 from .settings import SearchSettings
 from .space import CATEGORICAL, CONTINUOUS, SearchSpace
 from .surrogate import Surrogate, fit_surrogate, single_threaded
@@ -379,11 +379,8 @@ class Search:
                     continue
                 common = [k for k in self.case_order if k in c.scores and k in leader.scores]
                 diffs = np.array([c.scores[k] - leader.scores[k] for k in common])
-                if len(diffs) and confidently_worse(
-                    diffs,
-                    confidence=self.settings.racing_confidence,
-                    pooled_var=2.0 * post.noise_var,
-                    n_cases=n_cases,
+                if len(diffs) and self._worse(
+                    diffs, self.settings.racing_confidence, 2.0 * post.noise_var, self._rung_looks()
                 ):
                     c.dropped = True
                     c.drop_reason = f"worse than {leader.id} on {len(diffs)} paired cases"
@@ -395,6 +392,22 @@ class Search:
                 grew = True
         self._version += 1
         return grew
+
+    def _rung_looks(self) -> list[int]:
+        s = self.settings
+        return racing_looks(s.racing_min_cases, s.racing_growth, len(self.case_order))
+
+    def _worse(self, diffs: np.ndarray, confidence: float, pooled_var: float, looks: list[int]) -> bool:
+        """The racing test, its repeated looks treated as ``racing_sequential`` says."""
+        return confidently_worse_sequential(
+            diffs,
+            confidence=confidence,
+            pooled_var=pooled_var,
+            n_cases=len(self.case_order),
+            looks=looks,
+            method=self.settings.racing_sequential,
+            margin=self.settings.racing_margin,
+        )
 
     def _incumbent(self) -> Candidate | None:
         """The best candidate scored on every case so far (its mean is its true score)."""
@@ -415,7 +428,8 @@ class Search:
         diffs = np.array([s - inc.scores[k] for k, s in cand.scores.items()])
         confidence = self.settings.racing_incumbent_confidence or self.settings.racing_confidence
         post = self._posterior()
-        if confidently_worse(diffs, confidence=confidence, pooled_var=2.0 * post.noise_var, n_cases=n_cases):
+        looks = list(range(self.settings.racing_min_cases, n_cases))  # a look after every case
+        if self._worse(diffs, confidence, 2.0 * post.noise_var, looks):
             cand.dropped = True
             cand.drop_reason = f"worse than the incumbent {inc.id} on {n} paired cases"
 

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+# How the racing test treats its repeated looks at one candidate (SearchSettings.racing_sequential)
+SEQUENTIAL = ("none", "bonferroni", "spending", "mixture")
+
 
 @dataclass(frozen=True)
 class Posterior:
@@ -80,3 +83,83 @@ def confidently_worse(diffs: np.ndarray, *, confidence: float, pooled_var: float
     se = math.sqrt(max(var, 1e-12) / n * fpc)
     t = float(special.stdtrit(n - 1, confidence))
     return bool(diffs.mean() + t * se < 0)
+
+
+def racing_looks(min_cases: int, growth: float, n_cases: int) -> list[int]:
+    """The case counts at which the rung-end race tests a candidate, before it has every case:
+    ``min_cases``, then each rung ``max(n + 1, ceil(n * growth))`` while below ``n_cases``."""
+    looks, n = [], min(min_cases, n_cases)
+    while n < n_cases:
+        looks.append(n)
+        n = min(n_cases, max(n + 1, math.ceil(n * growth)))
+    return looks
+
+
+def _obf_spent(fraction: float, alpha: float) -> float:
+    """Lan-DeMets O'Brien-Fleming-type spending: the error spent by information ``fraction``."""
+    if fraction <= 0:
+        return 0.0
+    return float(2.0 * (1.0 - special.ndtr(special.ndtri(1.0 - alpha / 2.0) / math.sqrt(min(fraction, 1.0)))))
+
+
+def look_confidence(n: int, looks: list[int], confidence: float, method: str) -> float:
+    """The one-sided confidence one look at ``n`` cases needs so that the chance of ever dropping
+    a candidate that is not worse, over all of ``looks``, stays within ``1 - confidence``.
+
+    ``none``: ``confidence`` at every look (the error grows with the looks). ``bonferroni``: the
+    error split evenly over the looks. ``spending``: each look gets the increment of an O'Brien-
+    Fleming-type spending function of ``n / looks[-1]``, strict early and loose late (its sum over
+    the looks is ``1 - confidence``; a union bound, so conservative). A look between the scheduled
+    ones (a revisited or injected candidate) counts as the scheduled look just below it."""
+    alpha = 1.0 - confidence
+    if method == "none" or not looks:
+        return confidence
+    if method == "bonferroni":
+        return 1.0 - alpha / len(looks)
+    if method != "spending":
+        raise ValueError(f"no per-look confidence for {method!r}")
+    at = max((m for m in looks if m <= n), default=looks[0])
+    before = max((m for m in looks if m < at), default=0)
+    spent = _obf_spent(at / looks[-1], alpha) - _obf_spent(before / looks[-1], alpha)
+    return 1.0 - max(spent, 1e-12)
+
+
+def mixture_margin(n: int, var: float, alpha: float, tight_at: int) -> float:
+    """Half-width of the normal-mixture (Robbins) confidence sequence for a mean after ``n``
+    observations of variance ``var``: with probability ``1 - alpha`` the running mean stays within
+    it of the true mean at every ``n`` at once (anytime-valid: any number of looks). ``tight_at``
+    is the ``n`` where it is narrowest for its level (Howard et al. 2021; Waudby-Smith's
+    ``best_rho2_approx``). Two-sided, so conservative as a one-sided bound."""
+    log_a = -math.log(alpha)
+    r = (2.0 * log_a + math.log(2.0 * log_a + 1.0)) / max(tight_at, 1)
+    return math.sqrt(var * 2.0 * (n * r + 1.0) * math.log(math.sqrt(n * r + 1.0) / alpha) / (n * n * r))
+
+
+def confidently_worse_sequential(
+    diffs: np.ndarray,
+    *,
+    confidence: float,
+    pooled_var: float,
+    n_cases: int,
+    looks: list[int],
+    method: str,
+    margin: float = 0.0,
+) -> bool:
+    """The racing drop rule with its repeated looks accounted for (``method`` in ``SEQUENTIAL``):
+    ``1 - confidence`` bounds the chance that a candidate not worse than the leader by more than
+    ``margin`` is ever dropped over the looks. ``none``, ``bonferroni`` and ``spending`` run
+    ``confidently_worse`` at ``look_confidence``; ``mixture`` drops when the paired mean plus the
+    normal-mixture confidence sequence's margin is below ``-margin``. ``margin`` (score units) is
+    the indifference zone: a candidate is dropped only when confidently behind by more than it."""
+    n = len(diffs)
+    if n >= n_cases:  # both scored on every case: the true scores are known
+        return bool(diffs.mean() < 0)
+    if n < 2:
+        return False
+    shifted = diffs + margin
+    if method != "mixture":
+        level = look_confidence(n, looks, confidence, method)
+        return confidently_worse(shifted, confidence=level, pooled_var=pooled_var, n_cases=n_cases)
+    var = (float(diffs.var(ddof=1)) * (n - 1) + 2.0 * pooled_var) / (n + 1)
+    tight_at = looks[-1] if looks else n_cases
+    return bool(shifted.mean() + mixture_margin(n, max(var, 1e-12), 1.0 - confidence, tight_at) < 0)

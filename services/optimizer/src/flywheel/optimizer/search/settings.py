@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .scores import SEQUENTIAL
+
 ALGORITHMS = ("mab_evolution", "genetic", "mab_only", "random")
 RESTART_DESIGNS = ("random", "maximin", "local")
 
@@ -50,7 +52,20 @@ class SearchSettings:
     ``racing_revisit``: at each new generation, up to that many dropped, partly scored candidates
     whose posterior mean plus one standard deviation is above the incumbent's score re-enter the
     race (each at most once), starting one rung further on from the cases they have: a config
-    dropped by an unlucky first few cases is not lost for good."""
+    dropped by an unlucky first few cases is not lost for good.
+
+    ``racing_sequential``: the race tests a candidate again at every rung (3, 6, 12 cases with the
+    defaults; after every case with ``racing_incumbent``), so with ``none`` (default) the chance
+    that a candidate as good as the leader is dropped at some look exceeds ``1 - racing_confidence``.
+    The other choices keep that chance within ``1 - racing_confidence`` over all the looks:
+    ``bonferroni`` splits it evenly over the looks; ``spending`` spends it along an O'Brien-
+    Fleming-type function of the cases seen (Lan-DeMets): little at the first rungs, where an
+    unlucky streak of a few cases is likeliest, most at the last; ``mixture`` drops only when the
+    paired mean is below zero by more than a normal-mixture confidence sequence's margin, valid
+    at any number of looks (anytime), narrowest at the last scheduled look. ``racing_margin``
+    (score units, default 0): the indifference zone; a candidate is dropped only when confidently
+    behind the leader by more than it (every rule but the exact comparison of two candidates
+    scored on every case)."""
 
     population_size: int = 20
     generations: int = 10
@@ -66,6 +81,8 @@ class SearchSettings:
     racing_incumbent: bool = False
     racing_incumbent_confidence: float | None = None
     racing_revisit: int = 0
+    racing_sequential: str = "none"
+    racing_margin: float = 0.0
     patience: int | None = None
     min_improvement: float = 0.0
     max_evaluations: int | None = None
@@ -111,6 +128,10 @@ class SearchSettings:
             problems.append("racing_incumbent_confidence must be in (0.5, 1) (or None: racing_confidence)")
         if self.racing_revisit < 0:
             problems.append("racing_revisit must be at least 0")
+        if self.racing_sequential not in SEQUENTIAL:
+            problems.append(f"racing_sequential must be one of {list(SEQUENTIAL)}")
+        if not self.racing_margin >= 0:
+            problems.append("racing_margin must be at least 0")
         if self.surrogate_max_points < 4:
             problems.append("surrogate_max_points must be at least 4")
         if self.algorithm not in ALGORITHMS:
