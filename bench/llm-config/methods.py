@@ -59,11 +59,20 @@ def run_flywheel(
         if best and best["complete"] and table.true[table.index(best["config"])] >= table.target:
             reached = spent
     best = search.best()
+    n_cases = len(table.cases)
+    # target configs (true score >= target) the race dropped before scoring them on every case
+    lost = [
+        len(c.scores)
+        for c in search.candidates.values()
+        if c.dropped and len(c.scores) < n_cases and table.true[table.index(c.config)] >= table.target
+    ]
     return {
         "evaluations_to_target": reached if reached is not None else budget,
         "reached": reached is not None,
         "final_true_score": float(table.true[table.index(best["config"])]) if best else None,
         "configs_tried": len(search.candidates),
+        "target_configs_dropped": len(lost),
+        "target_configs_dropped_after_cases": sorted(lost),
         "overhead_ms_per_evaluation": 1000 * t_search / max(spent, 1),
     }
 

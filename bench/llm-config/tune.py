@@ -10,7 +10,8 @@ interval; ``--flywheel-settings`` overrides methods.FLYWHEEL for a variant; ``--
 reuses the peers' runs from an earlier --out file (they do not depend on Flywheel's settings);
 ``--baseline`` compares this Flywheel variant with the Flywheel runs of an earlier --out file,
 seed by seed (variant / baseline mean evaluations, paired bootstrap over seeds; seeds better /
-worse).
+worse); for Flywheel also how many runs' race dropped a config within the target before
+scoring it on every case (``target_configs_dropped`` in each run's row).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     ev = {m: np.array([runs[m][s]["evaluations_to_target"] for s in seeds], float) for m in wanted}
     for m in wanted:
         print(f"{m:<22}{ev[m].mean():>8.1f}  reached {sum(runs[m][s]['reached'] for s in seeds)}/{len(seeds)}")
+    if "flywheel" in ev and all("target_configs_dropped" in runs["flywheel"][s] for s in seeds):
+        lost = [runs["flywheel"][s]["target_configs_dropped"] for s in seeds]
+        runs_lost = sum(n > 0 for n in lost)
+        print(f"flywheel runs whose race dropped a target config: {runs_lost}/{len(seeds)} ({sum(lost)} configs)")
     if "flywheel" in ev:
         for peer in ("optuna_tpe_wilcoxon", "optuna_tpe"):
             if peer in ev:
