@@ -1,8 +1,10 @@
 """EventConsumer's prefetch: while a batch is handled the consumer fetches on, holding at most
 ``batch_size`` messages; what it holds is handled next as one batch, in the order fetched, and
 stop() handles what is in hand before it returns. Without prefetch it fetches only between
-batches. With ``max_batches`` > 1 a batch starts while earlier ones are still in flight. The real
-NATS path is the optimizer's feedback consumer (tests/integration)."""
+batches, unless the batch's last message says more wait behind it (a backlog): then the next
+fetch runs while the batch is handled. With ``max_batches`` > 1 a batch starts while earlier
+ones are still in flight. The real NATS path is the optimizer's feedback consumer
+(tests/integration)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ class FakeMsg:
         self.subject = "p.product.feedback.bot"
         self.headers: dict[str, str] = {}
         self.data = FeedbackEvent(meta=EventMeta(event_id=f"e{seq}"), decision_id="d").SerializeToString()
-        self.metadata = SimpleNamespace(sequence=SimpleNamespace(stream=seq), num_delivered=1)
+        # num_pending: what waits in the stream behind this message when it is fetched (JetStream's).
+        self.metadata = SimpleNamespace(sequence=SimpleNamespace(stream=seq), num_delivered=1, num_pending=0)
         self.acked = False
 
     async def ack(self) -> None:
@@ -53,6 +56,8 @@ class Stream:
             except TimeoutError:
                 raise TimeoutError from None
         out, self.waiting = self.waiting[:batch], self.waiting[batch:]
+        for i, msg in enumerate(out):
+            msg.metadata.num_pending = len(out) - 1 - i + len(self.waiting)
         return out
 
     async def unsubscribe(self) -> None:
@@ -127,6 +132,39 @@ async def test_without_prefetch_nothing_is_fetched_while_a_batch_is_handled():
     await until(lambda: gate.batches == [["e0"], ["e1", "e2"]])
     await c.stop(timeout_s=1.0)
     await run
+
+
+async def test_without_prefetch_a_backlog_is_fetched_ahead_while_a_batch_is_handled():
+    stream, gate = Stream(), Gate()
+    c = consumer(gate, prefetch=False, batch_size=2)
+    c._task = asyncio.create_task(c._run(stream))  # type: ignore[arg-type]
+    msgs = stream.append(0, 1, 2, 3, 4)
+    await until(lambda: len(gate.batches) == 1)
+    # [e0, e1] is held by the handler; e1 said 3 more wait, so [e2, e3] is fetched meanwhile.
+    await until(lambda: len(stream.waiting) == 1)
+    await asyncio.sleep(0.05)
+    assert stream.asked == [2, 2] and len(stream.waiting) == 1  # one batch ahead, not more
+    assert not any(m.acked for m in msgs)
+    gate.release.set()
+    await until(lambda: all(m.acked for m in msgs))
+    assert gate.batches == [["e0", "e1"], ["e2", "e3"], ["e4"]]
+    await c.stop(timeout_s=1.0)
+
+
+async def test_stop_handles_the_batch_fetched_ahead_too():
+    stream, gate = Stream(), Gate()
+    c = consumer(gate, prefetch=False, batch_size=2)
+    c._task = asyncio.create_task(c._run(stream))  # type: ignore[arg-type]
+    msgs = stream.append(0, 1, 2, 3)
+    await until(lambda: len(gate.batches) == 1 and not stream.waiting)  # [e2, e3] fetched ahead
+    stopping = asyncio.create_task(c.stop(timeout_s=2.0))
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    gate.release.set()
+    await stopping
+    assert c._task.done()
+    assert gate.batches == [["e0", "e1"], ["e2", "e3"]]
+    assert all(m.acked for m in msgs)
 
 
 async def test_stop_handles_what_is_in_hand_before_it_returns():

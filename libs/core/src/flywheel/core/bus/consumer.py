@@ -27,7 +27,9 @@ background task settles it, by the same rules, when the future resolves. Those t
 Retry. ``stop()`` waits for them, then cancels the rest: a message never settled is redelivered
 by JetStream after ``ack_wait``, so nothing is lost. Deferrals must be short next to ``ack_wait``.
 
-By default a batch is fetched, handled and settled before the next fetch. With ``prefetch`` a
+By default a batch is fetched, handled and settled before the next fetch; only while there is a
+backlog (the batch's last message says more wait behind it) is the next batch's fetch sent before
+the batch is handled, so that it runs while the batch is (one batch ahead at most). With ``prefetch`` a
 fetching task goes on while a batch is handled (holding at most ``batch_size`` messages), and what
 it holds is handled next as one batch; ``max_batches`` > 1 also handles that many batches at once
 (the handler must be safe to run concurrently with itself). Each event's way through the consumer
@@ -182,6 +184,7 @@ class EventConsumer(Generic[M]):
         self._deferred: set[asyncio.Task[None]] = set()
         self._max_deferred = max_deferred
         self._sub: JetStreamContext.PullSubscription | None = None
+        self._backoff = 0.1  # seconds before the next fetch after a failed one (``_fetch``)
         # Metric children resolved once: labels() per message is a measurable share of the hot path.
         name = spec.durable
         self._age = EVENT_AGE.labels(name)
@@ -288,34 +291,65 @@ class EventConsumer(Generic[M]):
     ) -> None:
         """Fetch until stopped; each batch is processed here (``parcels`` None) or handed over
         to ``_run``'s handling loop, holding at most ``batch_size`` messages not yet taken."""
-        backoff = 0.1
+        if parcels is None:
+            await self._serial_loop(sub)
+            return
         try:
             while not self._stopping.is_set():
-                room = self._batch_size - self._held if parcels is not None else self._batch_size
+                room = self._batch_size - self._held
                 if room <= 0:
                     self._room.clear()
                     await self._room.wait()
                     continue
-                requested = time.time()
-                try:
-                    messages = await sub.fetch(room, timeout=self._fetch_timeout_s)
-                except (TimeoutError, NatsTimeoutError):
-                    continue
-                except Exception as exc:  # noqa: BLE001 - NATS down or reconnecting; readiness reports it
-                    log.warning("fetch failed", consumer=self.name, error=str(exc))
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                backoff = 0.1
-                parcel = _Parcel(messages, requested, time.time())
-                if parcels is None:
-                    await self._process_parcels([parcel])
-                else:
-                    self._held += len(messages)
+                parcel = await self._fetch(sub, room)
+                if parcel is not None:
+                    self._held += len(parcel.messages)
                     parcels.put_nowait(parcel)
         finally:
-            if parcels is not None:
-                parcels.put_nowait(None)  # the handling loop ends once it has handled the rest
+            parcels.put_nowait(None)  # the handling loop ends once it has handled the rest
+
+    async def _serial_loop(self, sub: JetStreamContext.PullSubscription) -> None:
+        """Fetch a batch, handle and settle it, then the next. While there is a backlog (the
+        batch's last message says more wait behind it), the next batch's fetch is sent before this
+        one is handled and runs while it is: fetching and handling overlap only then. A consumer
+        that keeps up fetches only between batches, as before (the prefetch loop fetches all the
+        time, which cost latency on busy cores: bench/service-regret/README.md)."""
+        ahead: asyncio.Task[_Parcel | None] | None = None
+        try:
+            while True:
+                if ahead is not None:  # fetched while the batch before was handled
+                    parcel, ahead = await ahead, None
+                elif self._stopping.is_set():
+                    return
+                else:
+                    parcel = await self._fetch(sub, self._batch_size)
+                if parcel is None:
+                    continue
+                if not self._stopping.is_set() and _behind(parcel.messages):
+                    ahead = asyncio.create_task(self._fetch(sub, self._batch_size), name=f"consumer:{self.name}:ahead")
+                await self._process_parcels([parcel])
+        finally:
+            if ahead is not None:  # cancelled by stop(): what it fetched is redelivered after ack_wait
+                ahead.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ahead
+
+    async def _fetch(self, sub: JetStreamContext.PullSubscription, n: int) -> _Parcel | None:
+        """One fetch of at most ``n`` messages; None when none came (an idle pull timed out) or
+        the fetch failed (NATS down or reconnecting: logged, then a backoff of 0.1 s doubling to
+        2 s between failures)."""
+        requested = time.time()
+        try:
+            messages = await sub.fetch(n, timeout=self._fetch_timeout_s)
+        except (TimeoutError, NatsTimeoutError):
+            return None
+        except Exception as exc:  # noqa: BLE001 - NATS down or reconnecting; readiness reports it
+            log.warning("fetch failed", consumer=self.name, error=str(exc))
+            await asyncio.sleep(self._backoff)
+            self._backoff = min(self._backoff * 2, 2.0)
+            return None
+        self._backoff = 0.1
+        return _Parcel(messages, requested, time.time())
 
     async def _process(self, messages: list[Msg], requested: float | None = None) -> None:
         """Decode, handle and settle one fetched batch; ``requested`` is when (epoch seconds) the
@@ -510,6 +544,15 @@ def _facts(msg: Msg) -> tuple[int, int, float | None, int | None]:
         stored.timestamp() if stored is not None else None,
         getattr(meta, "num_pending", None),
     )
+
+
+def _behind(messages: list[Msg]) -> bool:
+    """Whether more messages wait in the stream behind this fetch (its last message's pending
+    count; unknown counts as none)."""
+    if not messages:
+        return False
+    pending = _facts(messages[-1])[3]
+    return pending is not None and pending > 0
 
 
 def _consume(future: asyncio.Future[BaseException | None]) -> None:

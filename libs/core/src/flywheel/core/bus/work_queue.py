@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
 from flywheel.core.bus.consumer import EventConsumer
@@ -34,24 +33,14 @@ class WorkQueueConsumer(EventConsumer[M]):
         self._inflight: set[asyncio.Task[None]] = set()
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
-        backoff = 0.1
         try:
             while not self._stopping.is_set():
                 free = self._concurrency - len(self._inflight)
                 if free <= 0:
                     await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                try:
-                    messages = await sub.fetch(free, timeout=self._fetch_timeout_s)
-                except (TimeoutError, NatsTimeoutError):
-                    continue
-                except Exception as exc:  # noqa: BLE001 - NATS down or reconnecting; readiness reports it
-                    log.warning("fetch failed", consumer=self.name, error=str(exc))
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                backoff = 0.1
-                for msg in messages:
+                parcel = await self._fetch(sub, free)  # None: nothing came, or NATS away (backed off)
+                for msg in parcel.messages if parcel is not None else ():
                     task = asyncio.create_task(self._one(msg))
                     self._inflight.add(task)
                     task.add_done_callback(self._inflight.discard)
