@@ -3,6 +3,10 @@ stage of bench/select/proposed/*.diff applied (cumulatively, in file-name order)
 on the same stack, with the bare grpcio echo servers as references.
 
     python bench/select/variants.py [--reps 3] [--seconds 6]
+    python bench/select/variants.py --variant w4:GRPC_WORKERS=4 --variant gil1ms:GIL_SWITCH_INTERVAL_S=0.001
+
+``--variant NAME:KEY=VALUE[,KEY=VALUE]`` (repeatable) adds the unchanged optimizer run with those
+``FLYWHEEL_OPTIMIZER_*`` settings, as ``lag.py --variant`` does in bench/service-regret.
 
 Each stage is a copy of the optimizer's and flywheel.core's sources with the diffs up to it
 applied (``patch -p1``), put first on the optimizer process's PYTHONPATH (``flywheel`` is a
@@ -66,6 +70,20 @@ def build_stages(work: Path, diffs: list[Path]) -> list[tuple[str, Path, dict[st
     return stages
 
 
+def setting_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:KEY=VALUE[,KEY=VALUE]`` -> (NAME, {"FLYWHEEL_OPTIMIZER_KEY": VALUE, ...})."""
+    name, _, pairs = text.partition(":")
+    settings: dict[str, str] = {}
+    for pair in filter(None, pairs.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise argparse.ArgumentTypeError(f"--variant {text!r}: want NAME:KEY=VALUE[,KEY=VALUE]")
+        settings[f"FLYWHEEL_OPTIMIZER_{key.strip().upper()}"] = value.strip()
+    if not name:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: the name before ':' is empty")
+    return name, settings
+
+
 class Variant(R.FlywheelTarget):
     """The optimizer with an overlay first on its PYTHONPATH (None: as installed)."""
 
@@ -91,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diffs", nargs="*", type=Path, help="default: bench/select/proposed/*.diff")
     parser.add_argument("--no-echo", action="store_true", help="leave out the echo references")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument(
+        "--variant",
+        dest="variants",
+        type=setting_variant,
+        action="append",
+        default=[],
+        help="NAME:KEY=VALUE[,KEY=VALUE]: the unchanged optimizer with these FLYWHEEL_OPTIMIZER_* settings",
+    )
     args = parser.parse_args(argv)
     diffs = args.diffs if args.diffs is not None else sorted(PROPOSED.glob("*.diff"))
     h2load_bin = R.ensure_h2load()
@@ -101,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         env = R.start_stack(servers, "bvar", "bench_variants")
         h2 = R.H2load(h2load_bin, work)
         makers: list[tuple[str, Any]] = [("optimizer (as is)", lambda: Variant(work, env, "optimizer (as is)", None))]
+        for name, settings in args.variants:
+            makers.append((name, lambda n=name, x=settings: Variant(work, env, n, None, x)))
         for name, overlay, extra in stages:
             makers.append((f"+ {name}", lambda n=name, o=overlay, x=extra: Variant(work, env, f"+ {n}", o, x)))
         if not args.no_echo:
@@ -163,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     print("(Select/s: median of the runs; us/Select: the server's CPU time per Select, median; the ratios are")
     print(" throughput ratios at a full core, i.e. inverse CPU-cost ratios)")
     if args.out:
-        args.out.write_text(json.dumps({"diffs": [d.name for d in diffs], "summary": summary}, indent=2) + "\n")
+        got = {"diffs": [d.name for d in diffs], "variants": dict(args.variants), "summary": summary}
+        args.out.write_text(json.dumps(got, indent=2) + "\n")
     return 0
 
 

@@ -46,6 +46,9 @@ def run(
         log.info("migrated", schema=db_settings.schema_name)
         return
 
+    if settings.gil_switch_interval_s is not None:
+        sys.setswitchinterval(settings.gil_switch_interval_s)
+
     async def main() -> None:
         parts = ServiceParts()
         try:

@@ -123,6 +123,12 @@ class ServiceSettings(BaseSettings):
     # servicer methods run on the event loop, a servicer's ``<Method>_sync`` twin in the worker.
     grpc_server: Literal["aio", "sync"] = "aio"
     grpc_workers: int = Field(8, ge=1, le=256)
+    # CPython's GIL switch interval (``sys.setswitchinterval``), set at service start: how long
+    # a thread holding the GIL runs before a waiting thread (the event loop, behind the sync
+    # server's workers) may take it. None keeps Python's default (5 ms). 0.5 and 1 ms gave the
+    # optimizer no gain in Select CPU or feedback lag on 2 shared cores (bench/select/README.md
+    # "GIL hand-offs"); kept so that ``--variant GIL_SWITCH_INTERVAL_S=...`` can measure it elsewhere.
+    gil_switch_interval_s: float | None = Field(None, gt=0, le=1)
     # Prometheus /metrics (9090, the usual scrape port); 0 disables. Counters and latencies
     # only, no credentials; a cluster sets 0.0.0.0 so Prometheus can scrape the pod.
     metrics_host: str = "127.0.0.1"
