@@ -24,7 +24,6 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import run as bench
 
@@ -42,22 +41,6 @@ if os.environ.get("FB_PROFILE_DIR") and not os.environ.get("FB_PROFILE_SKIP"):
 
     atexit.register(_dump)
 """
-
-
-class ThroughputOnly(bench.Run):
-    async def _run(self, pool: Any, js: Any) -> None:
-        wanted = {
-            f"bench-throughput-{c.name}": bench.decisions_for(self.events(c, "throughput")) for c in bench.CONTESTANTS
-        }
-        optimizer = self.optimizer()
-        optimizer.start()
-        optimizer.wait_serving(60)
-        decisions = await bench.make_decisions(optimizer.address, pool, wanted)
-        optimizer.stop()
-        for c in bench.CONTESTANTS:
-            cat = bench.Catalogue(c.namespace)
-            await bench.ensure_stream(js, cat.streams[cat.consumer(bench.DURABLE).stream])
-        self.figures["throughput"] = await self._throughput(pool, js, decisions)
 
 
 def main() -> int:
@@ -79,7 +62,7 @@ def main() -> int:
         os.environ["FB_PROFILE_DIR"] = str(args.out)
     params = {**bench.QUICK, "events": args.events, "peer_events": args.events, "rounds": args.rounds}
     root = Path(tempfile.mkdtemp(prefix="flywheel-bench-feedback-profile-"))
-    run = ThroughputOnly(root, params, seed=7)
+    run = bench.ThroughputOnly(root, params, seed=7)
     try:
         asyncio.run(run.main())
     finally:

@@ -786,6 +786,22 @@ class Run:
         }
 
 
+class ThroughputOnly(Run):
+    """The throughput phase alone (profile.py, ab.py): the decisions, then the rounds."""
+
+    async def _run(self, pool: asyncpg.Pool, js: Any) -> None:
+        wanted = {f"bench-throughput-{c.name}": decisions_for(self.events(c, "throughput")) for c in CONTESTANTS}
+        optimizer = self.optimizer()
+        optimizer.start()
+        optimizer.wait_serving(60)
+        decisions = await make_decisions(optimizer.address, pool, wanted)
+        optimizer.stop()
+        for c in CONTESTANTS:
+            cat = Catalogue(c.namespace)
+            await ensure_stream(js, cat.streams[cat.consumer(DURABLE).stream])
+        self.figures["throughput"] = await self._throughput(pool, js, decisions)
+
+
 # --- report ----------------------------------------------------------------------------------
 
 
