@@ -101,11 +101,21 @@ def start_story_stack(root: Path, sizes: StorySizes) -> tuple[Stack, ModelServer
 
 
 def stop_story_stack(stack: Stack, model: ModelServer) -> None:
-    """Stop what ``start_story_stack`` started (services, servers, the model server)."""
+    """Stop what ``start_story_stack`` started: the six services and the model server at once
+    (each drains on SIGTERM; ``stack.down`` alone stops the services one after another), then
+    the servers (``stack.down``: NATS, PostgreSQL and S3 outlive every service that uses them).
+    Raises the first failure once everything was asked to stop."""
     try:
-        stack.down()
+        with ThreadPoolExecutor(max_workers=len(stack.services) + 1, thread_name_prefix="stop") as pool:
+            stopping = [pool.submit(proc.stop) for proc in stack.services.values()]
+            stopping.append(pool.submit(model.stop))
+            for done in stopping:
+                done.result()
     finally:
-        model.stop()
+        try:
+            stack.down()  # the services are stopped already (their pid files are gone): the servers
+        finally:
+            model.stop()  # idempotent: a no-op unless stopping it above failed
 
 
 def _commit() -> str:
