@@ -196,6 +196,8 @@ async def test_the_story_survives_a_kill_9_of_every_service() -> None:
             f"\nkill drill: {seconds:.0f}s; "
             + "\n".join(kills)
             + f"\nfigures: {figures}; evaluations {len(pairs)}; job attempts {jobs[0]['attempts']}"
+            + f"\nstages {record.meta['stage_seconds']}\n"
+            + "\n".join(progress.lines)
         )
     finally:
         await asyncio.to_thread(stop_story_stack, stack, model)

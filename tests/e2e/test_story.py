@@ -81,6 +81,7 @@ def told() -> Iterator[Told]:
 def test_the_story_is_told_in_order_and_timed(told: Told) -> None:
     meta = told.record.meta
     print(f"\nstory: {told.seconds:.0f} s with the stack's start; stages {meta['stage_seconds']}")
+    print("\n".join(told.progress.lines))
     assert list(meta["stage_seconds"]) == ["optimize", "traffic", "training", "canary"]
     assert meta["sizes"]["traffic_decisions"] == SIZES.traffic_decisions
     assert meta["models"]["trainer_base"] == "tiny" and meta["commit"]

@@ -3,6 +3,7 @@ record it fills, where it reports progress, and the hooks a kill drill uses to d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -93,18 +94,20 @@ class _NoBar:
 
 
 class QuietProgress:
-    """Progress for tests: ``say`` lines are kept (a failing test prints them), bars do nothing."""
+    """Progress for tests: ``say`` lines are kept (a failing test prints them), each after the
+    seconds since this progress was made (where a slow story spends its time), bars do nothing."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self._t0 = time.monotonic()
 
     @contextmanager
     def bar(self, description: str, total: float | None) -> Iterator[Bar]:
-        self.lines.append(description)
+        self.say(description)
         yield _NoBar()
 
     def say(self, text: str) -> None:
-        self.lines.append(text)
+        self.lines.append(f"{time.monotonic() - self._t0:7.1f}s {text}")
 
 
 @dataclass

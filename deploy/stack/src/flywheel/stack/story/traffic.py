@@ -311,6 +311,9 @@ async def traffic(ctx: StoryContext) -> None:
                     bar.update(completed=i, note=" ".join(f"{a} {s:.0%}" for a, s in shares.items()))
                 if i == n // 2:
                     await ctx.hooks.reached("traffic.halfway", ctx)
+        # What follows waits on the bus (a killed trace store's unacked events come back after
+        # its consumers' ack wait, 30 s): said, so a slow telling shows where its time went.
+        ctx.progress.say(f"traffic: {product.served} decisions served; waiting for feedback and traces to land")
         feedback_applied, traces = await settle(ctx, product, opt, store)
         endpoint = await retrying(lambda: get_endpoint(ctx, opt))
     batch = {arm_id(r): c.get("score") for r, c in enumerate(ctx.top_configs[: ctx.sizes.arms], start=1)}
