@@ -109,6 +109,8 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("mean ratio, lag 10", ("mean_ratio_by_lag", "10")),
         ("mean ratio, lag 20", ("mean_ratio_by_lag", "20")),
         ("mean ratio, lag 50", ("mean_ratio_by_lag", "50")),
+        ("mean ratio, the lag measured paced (lag.py)", ("mean_ratio_by_lag", "1rep-paced")),
+        ("mean ratio, the lag measured unpaced (lag.py)", ("mean_ratio_by_lag", "1rep-unpaced")),
     ],
     "rlp": [
         ("mean evaluations to target, search alone", ("search", "mean_evaluations_to_target")),
