@@ -57,8 +57,8 @@ def quantile_sampler(stage: dict[str, float]) -> Any:
     (.99, p99) and (1, p99) of one `lag.py` stage, in decisions."""
     levels = [0.0, 0.5, 0.9, 0.99, 1.0]
     values = [0.0, stage["p50_decisions"], stage["p90_decisions"], stage["p99_decisions"], stage["p99_decisions"]]
-    if values != sorted(values):
-        raise ValueError(f"quantiles must not decrease: {values}")
+    if not all(np.isfinite(v) for v in values) or values != sorted(values):
+        raise ValueError(f"quantiles must be finite numbers that do not decrease: {values}")
     return lambda rng, n: np.interp(rng.random(n), levels, values)
 
 
