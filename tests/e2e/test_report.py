@@ -18,6 +18,7 @@ import pytest
 from flywheel.stack.browser import check_report_in_browser
 from flywheel.stack.story.record import StoryRecord
 from flywheel.stack.story.report import NOT_RUN, main, plot_count, render, write_report
+from flywheel.stack.story.verdict import verdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,6 +150,7 @@ def realistic_record(decision: str = "promoted") -> StoryRecord:
             "traces": 300,
             "arms": arms,
             "timeline": timeline,
+            "verdict": verdict(arms, timeline[-1]["posterior"]),
         },
         training={
             "seconds": 96.0,
@@ -209,6 +211,7 @@ async def test_a_full_report_renders_every_plot_in_chromium(tmp_path: Path) -> N
     assert NOT_RUN not in seen["text"]
     assert "Flywheel searched the support assistant's config over 96 evaluations" in seen["text"]
     assert "trace: 12 nodes" in seen["text"]  # the source traces fold under their count
+    assert "P(best)" in seen["text"] and "At the end, the bandit favours" in seen["text"]  # the traffic's verdict
 
 
 async def test_stages_not_run_and_empty_data_render_without_errors(tmp_path: Path) -> None:

@@ -146,6 +146,12 @@ def test_traffic_every_decision_fed_back_once_and_traced(told: Told) -> None:
     assert 2 <= n <= SIZES.arms and [a["arm_id"] for a in t["arms"]] == [f"config-{i}" for i in range(1, n + 1)]
     assert all(0 < a["true_rate"] < 1 for a in t["arms"])
     assert t["timeline"][-1]["decision"] == SIZES.traffic_decisions
+    # The verdict on the final posteriors: every arm's P(best), the favourite the most probable.
+    v = t["verdict"]
+    assert set(v["p_best"]) == {a["arm_id"] for a in t["arms"]}
+    assert sum(v["p_best"].values()) == pytest.approx(1.0, abs=0.01)
+    assert v["favourite"] == max(v["p_best"], key=v["p_best"].get)
+    assert v["hidden_best"] == max(t["arms"], key=lambda a: a["true_rate"])["arm_id"]
     # Beta(1, 1) prior plus one unit per applied 0/1 reward: as many as decided so far, at most
     # (the last decisions' feedback may still be on its way when a point is taken).
     seen = [sum(p["alpha"] + p["beta"] - 2 for p in point["posterior"].values()) for point in t["timeline"]]

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from flywheel.stack.story.context import StorySizes
 from flywheel.stack.story.record import StoryRecord
+from flywheel.stack.story.verdict import verdict_text
 
 console = Console()
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
@@ -101,6 +102,8 @@ def summary(record: StoryRecord) -> list[str]:
             f"{t['feedback_applied']} times, {t['traces']} traces rewarded; incumbent {t.get('incumbent') or '-'} "
             f"(hidden rates: {rates})"
         )
+        if t.get("verdict"):
+            lines.append(f"   {verdict_text(t['verdict'], t['decisions'])}")
     if (tr := record.training) is not None:
         losses = [s["loss"] for s in tr.get("steps", [])]
         curve = f"loss {_f(losses[0])} → {_f(losses[-1])}" if losses else "no steps reported"

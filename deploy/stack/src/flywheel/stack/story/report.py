@@ -18,6 +18,7 @@ from typing import Any
 from flywheel.stack.story import plots
 from flywheel.stack.story.plots import Plot, guard, params_text, short
 from flywheel.stack.story.record import StoryRecord
+from flywheel.stack.story.verdict import verdict_text
 
 STAGES = (
     ("optimize", "1. Batch optimization"),
@@ -173,6 +174,8 @@ def summary(record: StoryRecord) -> str:
             f"{_text(t.get('feedback_applied'))} feedback events and the trace store kept {_text(t.get('traces'))} "
             f"traces."
         )
+        if isinstance(v := t.get("verdict"), dict) and v.get("p_best"):
+            said.append(f"At the end, {verdict_text(v, t.get('decisions'))}.")
     if tr:
         pairs = sum(x for x in (tr.get("trace_pairs"), tr.get("sao_pairs")) if isinstance(x, int))
         said.append(
@@ -288,6 +291,7 @@ def _traffic(t: dict[str, Any]) -> str:
         ("feedback applied", t.get("feedback_applied")),
         ("traces", t.get("traces")),
         ("incumbent at the end", _code(t.get("incumbent"))),
+        ("verdict", verdict_text(v, t.get("decisions")) if isinstance(v := t.get("verdict"), dict) and v else "—"),
         ("answers replayed from stage 1", t.get("answers_replayed")),
         ("answers generated live", t.get("answers_generated")),
     ]
@@ -312,10 +316,12 @@ def _traffic(t: dict[str, Any]) -> str:
                 arm.get("true_rate"),
                 post.get("mean"),
                 interval,
+                ((t.get("verdict") or {}).get("p_best") or {}).get(name),
                 _rate((last.get("shares") or {}).get(name)),
             ]
         )
-    head = ["arm", "params", "batch score", "hidden true rate", "posterior mean", "95% interval", "last share"]
+    head = ["arm", "params", "batch score", "hidden true rate", "posterior mean", "95% interval", "P(best)"]
+    head.append("last share")
     made = (
         guard(lambda: plots.traffic_shares(t), "Traffic shares"),
         guard(lambda: plots.traffic_posteriors(t), "Traffic posteriors"),

@@ -34,6 +34,7 @@ from flywheel.sdk import FlywheelClient
 from flywheel.sdk.decision import Decision
 from flywheel.sdk.tracing import Tracer, prompt, trace
 from flywheel.stack.story.context import StoryContext
+from flywheel.stack.story.verdict import verdict, verdict_text
 from flywheel.stack.story.world import CASES_FILE
 
 FLOOR, SPAN = 0.1, 0.8  # true satisfaction rates lie in [FLOOR, FLOOR + SPAN]
@@ -337,10 +338,12 @@ async def traffic(ctx: StoryContext) -> None:
         "arms": arms,
         "timeline": timeline,
         "incumbent": endpoint.incumbent_arm_id,
+        "verdict": verdict(arms, posterior(endpoint)),
         "answers_replayed": replayed,
         "answers_generated": product.generated,
     }
     ctx.progress.say(
         f"traffic: {product.served} decisions, feedback applied {feedback_applied} times, {traces} traces rewarded; "
-        f"incumbent {endpoint.incumbent_arm_id or '(none yet)'}"
+        f"incumbent {endpoint.incumbent_arm_id or '(none yet)'}; "
+        f"{verdict_text(ctx.record.traffic['verdict'], product.served)}"
     )
