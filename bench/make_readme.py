@@ -14,7 +14,9 @@ from a result.
 The ``<!-- run -->`` line is replaced by the last run of every benchmark
 (``bench/results/run.json``, written by ``bench/run_all.py``): its commit, date and machine, and
 per bench the mode, status, rc, wall time and whether the bench's results JSON carries that
-commit ("same commit", "another commit: <sha>" (a bench rerun after the run) or "unstamped").
+commit ("same commit"; "same code, run at <sha>" for a bench of an earlier wave whose code is
+identical at the run's commit; "another commit: <sha>" (a bench rerun after the run) or
+"unstamped").
 """
 
 from __future__ import annotations
@@ -275,8 +277,9 @@ def _load(path: Path) -> dict[str, Any]:
     return result
 
 
-def provenance(name: str, commit: str) -> str:
-    """Whether ``bench/results/<name>.json`` was written at ``commit``."""
+def provenance(name: str, commit: str, rec: dict[str, Any] | None = None) -> str:
+    """Whether ``bench/results/<name>.json`` was written at ``commit``, or ran code identical
+    to ``commit``'s (as ``run_all.py`` found when it recorded the bench, ``rec``)."""
     path = RESULTS / f"{name}.json"
     if not path.exists():
         return "missing"
@@ -284,7 +287,11 @@ def provenance(name: str, commit: str) -> str:
     found = str(stamp.get("commit") or "")
     if not found:
         return "unstamped"
-    return "same commit" if found == commit else f"another commit: `{found[:7]}`"
+    if found == commit:
+        return "same commit"
+    if rec and rec.get("results_commit") == found and rec.get("results_same_code"):
+        return f"same code, run at `{found[:7]}`"
+    return f"another commit: `{found[:7]}`"
 
 
 def _minutes(seconds: Any) -> str:
@@ -310,10 +317,19 @@ def run_section() -> str:
         f"{_minutes(figures.get('wall_s')) or '?'} in all, `{stamp.get('command', '?')}`; {_where(run)}.",
     ]
     waves = figures.get("waves") or []
-    if len(waves) > 1:  # run_all.py --append: the same commit, benches run in several goes
-        lines += ["", f"In {len(waves)} waves at that commit:", ""]
+    if len(waves) > 1:  # run_all.py --append: benches run in several goes
+        commits = {str(w.get("commit") or commit) for w in waves}
+        said = (
+            "at that commit"
+            if commits == {commit}
+            else "(a bench from an earlier commit is kept only if its code is unchanged)"
+        )
+        lines += ["", f"In {len(waves)} waves {said}:", ""]
         for w in waves:
-            lines.append(f"- {w.get('started', '?')}: {', '.join(w.get('benches', []))} (`{w.get('command', '?')}`)")
+            at = str(w.get("commit") or commit)[:7]
+            lines.append(
+                f"- {w.get('started', '?')} at `{at}`: {', '.join(w.get('benches', []))} (`{w.get('command', '?')}`)"
+            )
     if figures.get("stopped"):
         lines += ["", f"**Stopped early:** {figures['stopped']}."]
     lines += [
@@ -328,7 +344,9 @@ def run_section() -> str:
         status = status.replace("|", "\\|")
         rc = "" if rec.get("rc") is None else str(rec["rc"])
         wall = _minutes(rec.get("wall_s"))
-        lines.append(f"| {name} | {rec.get('mode', '?')} | {status} | {rc} | {wall} | {provenance(name, commit)} |")
+        lines.append(
+            f"| {name} | {rec.get('mode', '?')} | {status} | {rc} | {wall} | {provenance(name, commit, rec)} |"
+        )
     return "\n".join(lines)
 
 

@@ -22,6 +22,12 @@ JSON comes from that one commit. A bench that fails or times out is recorded as 
 goes on; a bench whose required peers are not installed (``bench/<dir>/requirements.txt``) is
 recorded as skipped, with what is missing, instead of crashing the run.
 
+A run too long for one sitting goes in waves (``--append``). Every results JSON records the code
+it ran (``benchstamp.code_inputs``: the repository modules it loaded, their folders' other
+modules, its bench folder, and all of the code when it starts services); a wave at a later commit
+keeps an earlier wave's bench only when that code is identical at the new commit, and marks it
+"stale" otherwise, so the manifest's figures all stand for its (latest) commit.
+
 At the end ``<results>/run.json`` is written through ``flywheel.stack.benchstamp.write_results``:
 per bench the mode, the exact command, rc, wall seconds, status and the commit in the stamp of the
 JSON it wrote. ``bench/make_readme.py`` shows it at the top of ``bench/README.md`` ("This run").
@@ -350,8 +356,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def read_stamp(path: Path, started: float) -> dict[str, Any]:
-    """What the bench's JSON says about where it came from, and whether this run wrote it."""
+def read_stamp(path: Path, started: float, commit: str, repo: Path) -> dict[str, Any]:
+    """What the bench's JSON says about where it came from, whether this run wrote it, and
+    whether the code it ran is the code of ``commit`` (``benchstamp.same_code``: the same
+    files, byte for byte, even when it was written at another commit or with other files
+    changed)."""
     if not path.exists():
         return {"written": False, "results_commit": None}
     info: dict[str, Any] = {"written": path.stat().st_mtime >= started}
@@ -359,24 +368,43 @@ def read_stamp(path: Path, started: float) -> dict[str, Any]:
         stamp = json.loads(path.read_text()).get("stamp") or {}
     except (json.JSONDecodeError, AttributeError):
         return {**info, "results_commit": None, "results_error": "not a JSON object"}
-    return {**info, "results_commit": stamp.get("commit"), "results_dirty": stamp.get("dirty")}
+    same = (stamp.get("commit") == commit and not stamp.get("dirty")) or benchstamp.same_code(stamp, commit, repo)
+    return {
+        **info,
+        "results_commit": stamp.get("commit"),
+        "results_dirty": stamp.get("dirty"),
+        "results_same_code": same,
+    }
 
 
-def earlier_run(path: Path, commit: str) -> dict[str, Any]:
-    """The figures of the run.json that ``--append`` adds to; it must be from ``commit``, so that
-    every bench of the manifest still ran at one commit. No file: an empty run."""
+def earlier_run(path: Path, commit: str, results: Path, repo: Path) -> dict[str, Any]:
+    """The figures of the run.json that ``--append`` adds to. From another commit, a bench of
+    it is carried over only when the code its JSON ran is identical at ``commit``
+    (``read_stamp``), so that every figure of the manifest still stands for one commit; the
+    others become "stale" (rerun them). No file: an empty run."""
     if not path.exists():
         return {}
     try:
         figures = json.loads(path.read_text())["figures"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a run manifest ({exc}); remove it or run without --append") from exc
-    if figures.get("commit") != commit:
-        was = str(figures.get("commit"))[:12]
-        raise ValueError(f"{path} is from commit {was}, not {commit[:12]}; --append needs one commit")
     if "waves" not in figures:  # a manifest written before waves: one wave
         keys = ("started", "finished", "wall_s")
         figures["waves"] = [{**{k: figures.get(k) for k in keys}, "benches": list(figures.get("benches", {}))}]
+    was = str(figures.get("commit") or "")
+    for wave in figures["waves"]:
+        wave.setdefault("commit", was)
+    if was != commit:
+        for name, rec in figures.get("benches", {}).items():
+            if rec.get("status") != "ok":
+                continue
+            found = read_stamp(results / f"{name}.json", float("inf"), commit, repo)
+            rec.update({k: v for k, v in found.items() if k != "written"})
+            if rec.get("results_same_code"):
+                rec.setdefault("carried_from", was)
+            else:
+                rec.update(status="stale", reason=f"its code changed since {was[:7]}: rerun it")
+        figures["commit"] = commit
     return figures
 
 
@@ -433,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--append",
         action="store_true",
-        help="add to the run.json of an earlier run at the same commit (a run in waves) instead of replacing it",
+        help="add to the run.json of an earlier run (a run in waves) instead of replacing it; from another commit, "
+        "only benches whose code is identical at this one are kept, the others marked stale",
     )
     args = parser.parse_args(argv)
 
@@ -470,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     earlier: dict[str, Any] = {}
     if args.append:
         try:
-            earlier = earlier_run(results / "run.json", commit)
+            earlier = earlier_run(results / "run.json", commit, results, repo)
         except ValueError as exc:
             print(f"refused: {exc}", file=sys.stderr)
             return 2
@@ -500,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # the bench was stopped; still write what the run did
             rec.update(status="interrupted", rc=None, wall_s=round(time.time() - begun, 1))
             stopped = f"interrupted (Ctrl-C) during {name}"
-        rec.update(read_stamp(results / f"{name}.json", begun))
+        rec.update(read_stamp(results / f"{name}.json", begun, commit, repo))
         if rec["status"] == "ok" and not rec["written"]:
             rec["status"] = "failed"
             rec["reason"] = f"rc 0 but {name}.json was not written"
@@ -520,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.monotonic() - t0, 1),
         "benches": list(records),
+        "commit": commit,
         "command": shlex.join(["bench/run_all.py", *(sys.argv[1:] if argv is None else argv)]),
     }
     waves = [*earlier.get("waves", []), wave]

@@ -28,7 +28,9 @@ if a.fail:
     print("boom", file=sys.stderr)
     sys.exit(7)
 commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-a.out.write_text(json.dumps({"name": "x", "params": {"quick": a.quick}, "stamp": {"commit": commit}}))
+from flywheel.stack.benchstamp import code_inputs
+stamp = {"commit": commit, "inputs": code_inputs(root=Path.cwd())}
+a.out.write_text(json.dumps({"name": "x", "params": {"quick": a.quick}, "stamp": stamp}))
 """
 
 
@@ -192,9 +194,15 @@ def test_ctrl_c_still_writes_the_manifest(fake, monkeypatch: pytest.MonkeyPatch)
     assert figures["stopped"] == "interrupted (Ctrl-C) during good"
 
 
-def test_a_run_in_waves_appends_at_one_commit_and_refuses_another(fake, capsys: pytest.CaptureFixture[str]) -> None:
+def _commit(repo: Path, path: Path, message: str) -> None:
+    path.write_text(path.read_text() + f"\n# {message}\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", message)
+
+
+def test_a_run_in_waves_keeps_a_bench_only_while_its_code_is_unchanged(fake) -> None:
     ra, repo, root, results = fake
     assert ra.main(_args(root, results, "--only", "good", "--mode", "quick")) == 0
+    first = _git(repo, "rev-parse", "HEAD")
     assert ra.main(_args(root, results, "--only", "bad", "--mode", "full", "--append")) == 1
     figures = json.loads((results / "run.json").read_text())["figures"]
     assert figures["benches"]["good"]["status"] == "ok"  # kept from the first wave
@@ -202,13 +210,29 @@ def test_a_run_in_waves_appends_at_one_commit_and_refuses_another(fake, capsys: 
     assert figures["failed"] == ["bad"]
     assert [w["benches"] for w in figures["waves"]] == [["good"], ["bad"]]
     assert figures["wall_s"] == pytest.approx(sum(w["wall_s"] for w in figures["waves"]), abs=0.2)
-    # A wave at another commit would mix commits in one manifest: refused, nothing written.
-    (root / "good" / "run.py").write_text(FAKE + "\n# next commit\n")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "next")
-    before = (results / "run.json").read_text()
-    assert ra.main(_args(root, results, "--only", "good", "--mode", "quick", "--append")) == 2
-    assert "--append needs one commit" in capsys.readouterr().err
-    assert (results / "run.json").read_text() == before
+
+    # Another commit that leaves good's code alone: a wave there keeps good's figures, which
+    # now stand for the new commit, and says where they were measured.
+    _commit(repo, root / "bad" / "run.py", "bad changed")
+    second = _git(repo, "rev-parse", "HEAD")
+    assert ra.main(_args(root, results, "--only", "peerless", "--mode", "quick", "--append")) == 1  # bad: failed
+    figures = json.loads((results / "run.json").read_text())["figures"]
+    assert figures["commit"] == second
+    good = figures["benches"]["good"]
+    assert good["status"] == "ok" and good["carried_from"] == first and good["results_same_code"] is True
+    assert [w["commit"] for w in figures["waves"]] == [first, first, second]
+
+    # A commit that changes good's own code: its figures no longer stand for the run's commit.
+    _commit(repo, root / "good" / "run.py", "good changed")
+    assert ra.main(_args(root, results, "--only", "peerless", "--mode", "quick", "--append")) == 1
+    good = json.loads((results / "run.json").read_text())["figures"]["benches"]["good"]
+    assert good["status"] == "stale" and "its code changed since" in good["reason"]
+    assert good["results_same_code"] is False
+
+    # Rerun, it is the run's own again.
+    assert ra.main(_args(root, results, "--only", "good", "--mode", "quick", "--append")) == 1
+    good = json.loads((results / "run.json").read_text())["figures"]["benches"]["good"]
+    assert good["status"] == "ok" and good["results_same_code"] is True
 
 
 def test_results_written_in_the_repo_do_not_make_the_next_bench_dirty(fake) -> None:

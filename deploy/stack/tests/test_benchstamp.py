@@ -67,3 +67,96 @@ def test_write_results_is_atomic_and_prints_the_json_last(
     assert on_disk["name"] == "demo" and on_disk["stamp"]["commit"] == _head()
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == on_disk
+
+
+# --- the code a result ran (code_inputs / same_code) ---------------------------------------------
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _commit(repo: Path, message: str) -> str:
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+class _Module:
+    def __init__(self, file: Path) -> None:
+        self.__file__ = str(file)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository with a search package (two modules and a sibling), a service and a bench."""
+    for rel in (
+        "services/opt/src/fw/opt/__init__.py",
+        "services/opt/src/fw/opt/handlers.py",
+        "services/opt/src/fw/opt/search/__init__.py",
+        "services/opt/src/fw/opt/search/engine.py",
+        "services/opt/src/fw/opt/search/lazy.py",
+        "bench/b/run.py",
+        "bench/b/peers.txt",
+        "libs/core/src/fw/core/db.py",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"# {rel}\n")
+    _git(tmp_path, "init", "-q")
+    _commit(tmp_path, "first")
+    return tmp_path
+
+
+def _inputs(repo: Path, *rels: str, spawner: bool = False) -> dict:
+    modules = {rel: _Module(repo / rel) for rel in rels}
+    if spawner:
+        modules["flywheel.stack.services"] = _Module(repo / "elsewhere.py")
+    return benchstamp.code_inputs(modules, root=repo)
+
+
+def test_a_result_stands_for_a_commit_until_its_own_code_changes(repo: Path) -> None:
+    inputs = _inputs(
+        repo, "services/opt/src/fw/opt/__init__.py", "services/opt/src/fw/opt/search/engine.py", "bench/b/run.py"
+    )
+    stamp = {"inputs": inputs}
+    # engine.py, its sibling lazy.py and the bench's folder; not the service's other modules
+    assert inputs["files"] == 6 and inputs["untracked"] == []
+    (repo / "services/opt/src/fw/opt/handlers.py").write_text("changed\n")
+    (repo / "libs/core/src/fw/core/db.py").write_text("changed\n")
+    assert benchstamp.same_code(stamp, _commit(repo, "elsewhere"), root=repo) is True
+    (repo / "services/opt/src/fw/opt/search/lazy.py").write_text("changed\n")  # a sibling it may import late
+    assert benchstamp.same_code(stamp, _commit(repo, "sibling"), root=repo) is False
+    (repo / "services/opt/src/fw/opt/search/lazy.py").write_text("# services/opt/src/fw/opt/search/lazy.py\n")
+    assert benchstamp.same_code(stamp, _commit(repo, "back"), root=repo) is True
+    (repo / "bench/b/peers.txt").write_text("another peer\n")
+    assert benchstamp.same_code(stamp, _commit(repo, "bench folder"), root=repo) is False
+
+
+def test_uncommitted_changes_are_in_the_digest(repo: Path) -> None:
+    head = _git(repo, "rev-parse", "HEAD")
+    (repo / "services/opt/src/fw/opt/search/engine.py").write_text("not committed\n")
+    dirty = {"inputs": _inputs(repo, "services/opt/src/fw/opt/search/engine.py")}
+    assert benchstamp.same_code(dirty, head, root=repo) is False
+    assert benchstamp.same_code(dirty, _commit(repo, "now committed"), root=repo) is True
+
+
+def test_a_process_that_starts_services_ran_all_the_code(repo: Path) -> None:
+    stamp = {"inputs": _inputs(repo, "bench/b/run.py", spawner=True)}
+    assert stamp["inputs"]["files"] == 8
+    (repo / "libs/core/src/fw/core/db.py").write_text("changed\n")
+    assert benchstamp.same_code(stamp, _commit(repo, "a library"), root=repo) is False
+
+
+def test_untracked_code_or_no_inputs_match_no_commit(repo: Path) -> None:
+    (repo / "bench/b/scratch.py").write_text("x = 1\n")
+    stamp = {"inputs": _inputs(repo, "bench/b/scratch.py")}
+    assert stamp["inputs"]["untracked"] == ["bench/b/scratch.py"]
+    head = _git(repo, "rev-parse", "HEAD")
+    assert benchstamp.same_code(stamp, head, root=repo) is False
+    assert benchstamp.same_code({"commit": head}, head, root=repo) is None  # stamped before inputs existed
+
+
+def test_the_stamp_records_the_code_it_ran() -> None:
+    inputs = benchstamp.stamp({})["stamp"]["inputs"]
+    assert inputs["digest"] and inputs["files"] > 0
+    assert "deploy/stack/src/flywheel/stack/benchstamp.py" not in inputs["modules"]  # the stamping itself

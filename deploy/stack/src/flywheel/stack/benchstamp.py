@@ -9,6 +9,7 @@ builds the README's tables from these stamps; nothing there is copied by hand.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -24,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[5]
 RESULTS = ROOT / "bench" / "results"
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, root: Path = ROOT) -> str:
     try:
         out = subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -42,6 +43,86 @@ def git_commit() -> dict[str, Any]:
     results = f":(exclude){RESULTS.relative_to(ROOT).as_posix()}"
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", results))
     return {"commit": commit, "dirty": dirty}
+
+
+# A process that imports these starts services or servers: it runs code it never imports itself.
+SPAWNERS = ("flywheel.stack.services", "flywheel.stack.servers")
+CODE_TREES = ("libs", "services", "deploy/stack/src")
+
+
+def _blobs(commit: str | None = None, root: Path = ROOT) -> dict[str, str]:
+    """Path -> git blob id of every tracked file: as it is in the working tree (``commit``
+    None; a changed file gets the id of its current content) or at ``commit``."""
+    if commit is not None:
+        listed = _git("ls-tree", "-r", commit, root=root)
+        return {ln.split("\t", 1)[1]: ln.split()[2] for ln in listed.splitlines() if "\t" in ln}
+    staged = _git("ls-files", "-s", root=root)
+    blobs = {ln.split("\t", 1)[1]: ln.split()[1] for ln in staged.splitlines() if "\t" in ln}
+    changed = [f for f in _git("diff", "--name-only", root=root).splitlines() if (root / f).is_file()]
+    if changed:
+        blobs.update(zip(changed, _git("hash-object", "--", *changed, root=root).splitlines(), strict=True))
+    return blobs
+
+
+def _selected(path: str, inputs: dict[str, Any]) -> bool:
+    return (
+        path in inputs["modules"]
+        or (path.rsplit("/", 1)[0] in inputs["module_dirs"] and path.endswith(".py"))
+        or any(path.startswith(f"{folder}/") for folder in inputs["folders"])
+    )
+
+
+def _digest(blobs: dict[str, str], inputs: dict[str, Any]) -> str:
+    lines = "".join(f"{p} {b}\n" for p, b in sorted(blobs.items()) if _selected(p, inputs))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def code_inputs(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dict[str, Any]:
+    """The repository code this process ran, so that a result can be matched to any commit
+    whose copy of that code is identical (``same_code``): every loaded module file of the
+    repository, the other modules beside each (a lazy import of a sibling), the running
+    bench's folder whole, and, when the process can start services or servers (``SPAWNERS``),
+    all of ``CODE_TREES``. ``digest`` hashes those files' paths and git blob ids;
+    ``untracked`` lists loaded files git does not know (a result that ran one matches no
+    commit)."""
+    modules = sys.modules if modules is None else modules
+    loaded: set[str] = set()
+    module_dirs: set[str] = set()
+    folders: set[str] = set()
+    for name, module in list(modules.items()):
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or name == __name__:  # the stamping is not the code measured
+            continue
+        path = Path(file).resolve()
+        if not path.is_relative_to(root) or path.is_relative_to(root / ".venv"):
+            continue
+        rel = path.relative_to(root)
+        loaded.add(rel.as_posix())
+        if path.name != "__init__.py":  # a package's __init__ alone is loaded as every submodule's parent
+            module_dirs.add(rel.parent.as_posix())
+        if rel.parts[0] == "bench" and len(rel.parts) > 2:
+            folders.add(Path(*rel.parts[:2]).as_posix())
+    if any(name in modules for name in SPAWNERS):
+        folders.update(CODE_TREES)
+    inputs: dict[str, Any] = {"modules": sorted(loaded), "module_dirs": sorted(module_dirs), "folders": sorted(folders)}
+    blobs = _blobs(root=root)
+    inputs["untracked"] = sorted(loaded - set(blobs))
+    inputs["digest"] = _digest(blobs, inputs)
+    inputs["files"] = sum(1 for p in blobs if _selected(p, inputs))
+    return inputs
+
+
+def same_code(stamp: dict[str, Any], commit: str, root: Path = ROOT) -> bool | None:
+    """Whether the code a result's ``stamp`` recorded (``code_inputs``) is identical at
+    ``commit``: the figures then stand for that commit too. None when the stamp has no
+    inputs (written before they were recorded)."""
+    inputs = stamp.get("inputs")
+    if not isinstance(inputs, dict) or not inputs.get("digest"):
+        return None
+    if inputs.get("untracked"):
+        return False
+    blobs = _blobs(commit, root)
+    return bool(blobs) and _digest(blobs, inputs) == inputs["digest"]
 
 
 def machine(packages: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -94,6 +175,7 @@ def stamp(result: dict[str, Any], *, packages: tuple[str, ...] = (), argv: list[
         **git_commit(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command_line(argv),
+        "inputs": code_inputs(),
     }
     found = machine(packages)
     out["machine"] = {**found, **out.get("machine", {})} if isinstance(out.get("machine"), dict) else found
