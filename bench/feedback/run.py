@@ -319,16 +319,40 @@ def cpu_seconds(pid: int | None) -> float:
         return math.nan
 
 
+def servers_cpu_seconds(pids: tuple[int, ...]) -> float:
+    """CPU seconds of the servers every contestant shares: nats-server, and PostgreSQL's
+    postmaster with its children (the backends running the SQL, the WAL writer). This is work
+    no consumer can skip, since they all run the same statements on the same bus."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return math.nan
+        for q in procs:
+            try:
+                t = q.cpu_times()
+            except psutil.Error:  # a backend that exited between listing and reading
+                continue
+            total += t.user + t.system
+    return total
+
+
 @dataclass
 class Watch:
-    """The first and last poll at which the applied count changed, with the consumer's CPU."""
+    """The first and last poll at which the applied count changed, with the consumer's CPU
+    and the shared servers' CPU (``shared_pids``) over the same span."""
 
     first_t: float | None = None
     first_n: int = 0
     last_t: float | None = None
     last_n: int = 0
     cpu: float = 0.0  # consumer CPU seconds between the first and the last change
+    shared_pids: tuple[int, ...] = ()
+    servers_cpu: float = 0.0  # the shared servers' CPU seconds over the same span
     _cpu_mark: float = math.nan
+    _servers_mark: float = math.nan
 
     def rate(self) -> float:
         if self.first_t is None or self.last_t is None or self.last_t <= self.first_t:
@@ -339,24 +363,29 @@ class Watch:
         n = self.last_n - self.first_n
         return 1e6 * self.cpu / n if n > 0 else math.nan
 
+    def servers_cpu_us_per_update(self) -> float:
+        n = self.last_n - self.first_n
+        return 1e6 * self.servers_cpu / n if n > 0 and self.shared_pids else math.nan
+
 
 async def watch(pool: asyncpg.Pool, endpoint: str, until: int, proc: Any, w: Watch | None = None) -> Watch:
     """Poll arm totals until ``until`` updates are applied. Fails if the consumer exits or
     nothing changes for STALL_S. A Watch passed in (the crash) continues across processes."""
     w = w or Watch()
-    w._cpu_mark = math.nan  # a new process: its CPU counts from its first change
+    w._cpu_mark = w._servers_mark = math.nan  # a new process: its CPU counts from its first change
     seen = w.last_n
     last_change = time.monotonic()
     while True:
         n = await totals(pool, endpoint)
         now = time.monotonic()
         if n != seen:
-            cpu = cpu_seconds(proc.pid)
+            cpu, servers = cpu_seconds(proc.pid), servers_cpu_seconds(w.shared_pids)
             if w.first_t is None:
                 w.first_t, w.first_n = now, n
             elif not math.isnan(w._cpu_mark):
                 w.cpu += cpu - w._cpu_mark
-            w._cpu_mark = cpu
+                w.servers_cpu += servers - w._servers_mark
+            w._cpu_mark, w._servers_mark = cpu, servers
             w.last_t, w.last_n = now, n
             seen, last_change = n, now
         if n >= until:
@@ -600,6 +629,10 @@ class Run:
         self.procs.append(proc)
         return proc
 
+    def shared_pids(self) -> tuple[int, ...]:
+        """nats-server's and PostgreSQL's postmaster's pids (see ``servers_cpu_seconds``)."""
+        return tuple(pid for pid in (self.servers.nats.pid, self.servers.postgres.pid) if pid is not None)
+
     def cleanup(self) -> None:
         for proc in reversed(self.procs):
             try:
@@ -690,6 +723,7 @@ class Run:
                 "consumer_cpu_us_per_update": round(
                     statistics.median(x["consumer_cpu_us_per_update"] for x in rows), 1
                 ),
+                "servers_cpu_us_per_update": round(statistics.median(x["servers_cpu_us_per_update"] for x in rows), 1),
                 "rounds": rows,
                 "events_per_round": last["events"],
                 **{k: last[k] for k in last if k not in ("updates_per_s", "round", "publish", "events")},
@@ -703,7 +737,7 @@ class Run:
         pub = await publish(js, Catalogue(c.namespace).feedback(work.endpoint), work.messages)
         proc = self.consumer(c)
         proc.start()
-        w = await watch(pool, work.endpoint, truth.distinct, proc, Watch(last_n=before))
+        w = await watch(pool, work.endpoint, truth.distinct, proc, Watch(last_n=before, shared_pids=self.shared_pids()))
         await wait_drained(js, c.namespace, durable_of(c))
         checks = await verify(pool, truth)
         proc.stop()
@@ -712,6 +746,7 @@ class Run:
             "updates_per_s": round(w.rate(), 1),
             "seconds_first_to_last_update": round((w.last_t or 0) - (w.first_t or 0), 2),
             "consumer_cpu_us_per_update": round(w.cpu_us_per_update(), 1),
+            "servers_cpu_us_per_update": round(w.servers_cpu_us_per_update(), 1),
             "publish": pub,
             **checks,
         }
@@ -841,6 +876,16 @@ def ratios_of(f: dict[str, Any]) -> dict[str, Any]:
     out["flywheel_vs_best_batched_peer"] = out[f"flywheel_vs_{best.name}"]
     out["best_batched_peer"] = best.name
     out["per_round"] = per_round
+    # The most any consumer could reach here: one costing no CPU, with every core left to the
+    # servers' share of each update (Flywheel's own, measured above). A goal above this
+    # ceiling against a peer cannot be met by the consumer's code on this machine.
+    servers_us = f["throughput"]["flywheel"].get("servers_cpu_us_per_update")
+    if isinstance(servers_us, int | float) and servers_us > 0:
+        ceiling = (psutil.cpu_count() or 1) * 1e6 / servers_us
+        out["ceiling_updates_per_s"] = round(ceiling)
+        for c in CONTESTANTS[1:]:
+            if c.batched:
+                out[f"ceiling_vs_{c.name}"] = round(ceiling / f["throughput"][c.name]["updates_per_s"], 3)
     lat = f["latency"]
     for c in CONTESTANTS[1:]:
         for q in ("p50", "p99"):
@@ -856,7 +901,7 @@ def render(result: dict[str, Any]) -> str:
         f"peer, in {p['rounds']} rounds; {p['events_per_decision']} events per decision "
         f"({f['decisions']['made_by_select_batch']:,} decisions via SelectBatch in {f['decisions']['seconds']} s)",
         "",
-        f"{'consumer':<18}{'tx per':>8}{'updates/s (rounds)':>24}{'median':>9}{'CPU us/upd':>11}"
+        f"{'consumer':<18}{'tx per':>8}{'updates/s (rounds)':>24}{'median':>9}{'CPU us/upd':>11}{'servers':>9}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'lost':>6}{'double':>7}  exactly once",
     ]
     for c in CONTESTANTS:
@@ -868,7 +913,8 @@ def render(result: dict[str, Any]) -> str:
         rounds = " / ".join(f"{x:,.0f}" for x in t["updates_per_s_rounds"])
         lines.append(
             f"{c.name:<18}{'batch' if c.batched else 'message':>8}{rounds:>24}{t['updates_per_s']:>9,.0f}"
-            f"{t['consumer_cpu_us_per_update']:>11,.0f}{lat['ms']['p50']!s:>8}{lat['ms']['p99']!s:>8}"
+            f"{t['consumer_cpu_us_per_update']:>11,.0f}{t.get('servers_cpu_us_per_update', math.nan):>9,.0f}"
+            f"{lat['ms']['p50']!s:>8}{lat['ms']['p99']!s:>8}"
             f"{lost:>6}{double:>7}"
             f"  {'yes' if ok else 'NO'}"
         )
@@ -907,6 +953,15 @@ def render(result: dict[str, Any]) -> str:
         f"{'flywheel_vs_best_batched_peer':<40}{ratios['flywheel_vs_best_batched_peer']:>8.2f}"
         f"  ({ratios['best_batched_peer']})"
     )
+    if "ceiling_updates_per_s" in ratios:
+        servers_us = f["throughput"]["flywheel"]["servers_cpu_us_per_update"]
+        ceilings = {k.removeprefix("ceiling_vs_"): v for k, v in ratios.items() if k.startswith("ceiling_vs_")}
+        vs = ", ".join(f"{name} {v:.2f}x" for name, v in ceilings.items())
+        lines.append(
+            f"ceiling: nats-server + PostgreSQL take {servers_us:.0f} us of CPU per Flywheel update; a consumer "
+            f"costing nothing, on all {psutil.cpu_count()} cores, would reach {ratios['ceiling_updates_per_s']:,} "
+            f"updates/s ({vs})"
+        )
     lines.append(f"({f['seconds']} s)")
     return "\n".join(lines)
 
