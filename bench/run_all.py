@@ -162,7 +162,9 @@ BENCHES: list[Bench] = [
         {
             "smoke": Mode(("--quick", "--functions", "1,6"), 15),
             "quick": Mode(("--quick",), 35),
-            "full": Mode((), 240),
+            # Finished problems go to a rows file, so a run stopped at the end of a sitting
+            # resumes (rows of other code or settings are not reused: bbob/run.py load_rows).
+            "full": Mode(("--rows", "{results}/logs/bbob-full-rows.jsonl"), 240),
         },
         peers=("optuna", "cmaes", "coco-experiment", "scipy"),
         optional=("torch",),

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.optimizer.search import CONTINUOUS, Param, Search, SearchSettings, SearchSpace
-from flywheel.stack.benchstamp import write_results
+from flywheel.stack.benchstamp import code_inputs, write_results
 
 BUDGET = 200
 METHODS = ("flywheel", "optuna_gp", "optuna_tpe", "optuna_cmaes", "cmaes_ipop", "random")
@@ -336,13 +336,23 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def load_rows(path: Path | None, methods: tuple[str, ...]) -> dict[tuple[int, int, int], dict[str, Any]]:
+def load_rows(
+    path: Path | None, methods: tuple[str, ...], code: str | None = None, overrides: dict[str, Any] | None = None
+) -> dict[tuple[int, int, int], dict[str, Any]]:
     """Finished problems from a ``--rows`` file (one JSON row per line), keyed (f, dim, instance);
-    a row missing one of ``methods`` is not counted as finished."""
+    a row missing one of ``methods`` is not counted as finished, nor, when ``code`` is given, one
+    run by other code (``benchstamp.code_inputs`` digest) or other settings ``overrides``: a
+    run resumed across commits reuses only rows its own code and settings would produce."""
     if not path or not path.exists():
         return {}
     rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    return {(r["f"], r["dim"], r["instance"]): r for r in rows if all(m in r for m in methods)}
+    ok = [r for r in rows if all(m in r for m in methods)]
+    if code is not None:
+        mine = [r for r in ok if r.get("code") == code and r.get("overrides", {}) == (overrides or {})]
+        if len(mine) < len(ok):
+            print(f"{path}: {len(ok) - len(mine)} rows from other code or settings are not reused", file=sys.stderr)
+        ok = mine
+    return {(r["f"], r["dim"], r["instance"]): r for r in ok}
 
 
 def run_suite(
@@ -366,7 +376,8 @@ def run_suite(
     # Slowest dimension first (GPSampler's cost grows with it), then a whole instance at a time,
     # so a run stopped early still covers every function on its first instances.
     wanted = [(f, d, i) for d in sorted(dims, reverse=True) for i in instances for f in functions]
-    done = load_rows(rows_file, methods)
+    code = code_inputs()["digest"] if rows_file else None
+    done = load_rows(rows_file, methods, code, overrides)
     rows = [done[k] for k in wanted if k in done]
     todo = [k for k in wanted if k not in done]
     t0 = time.perf_counter()
@@ -390,7 +401,7 @@ def run_suite(
                 rows.append(row)
                 if rows_file:
                     with rows_file.open("a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                        fh.write(json.dumps({**row, "code": code, "overrides": overrides}) + "\n")
                 print(
                     f"[{len(rows)}/{len(wanted)}] f{row['f']} d{row['dim']} i{row['instance']}: "
                     + " ".join(f"{m}={row[m]['normalized_regret']:.3f}" for m in methods)

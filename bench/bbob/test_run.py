@@ -102,3 +102,18 @@ def test_a_rows_file_resumes_only_complete_problems(tmp_path):
     path.write_text(json.dumps(full) + "\n" + json.dumps(partial) + "\n")
     assert list(run.load_rows(path, run.METHODS)) == [(1, 3, 16)]
     assert run.load_rows(tmp_path / "absent.jsonl", run.METHODS) == {}
+
+
+def test_a_rows_file_resumes_only_rows_of_the_same_code_and_settings(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    base = {"dim": 3, "instance": 16, **{m: {"normalized_regret": 0.5} for m in run.METHODS}}
+    lines = [
+        {**base, "f": 1, "code": "abc", "overrides": {}},
+        {**base, "f": 2, "code": "old", "overrides": {}},  # the search changed since
+        {**base, "f": 3, "code": "abc", "overrides": {"n_init": 4}},  # a tuning variant's row
+        {**base, "f": 4},  # written before rows carried their code
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert list(run.load_rows(path, run.METHODS, "abc", {})) == [(1, 3, 16)]
+    assert "3 rows from other code or settings are not reused" in capsys.readouterr().err
+    assert list(run.load_rows(path, run.METHODS, "abc", {"n_init": 4})) == [(3, 3, 16)]

@@ -94,7 +94,7 @@ def code_inputs(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dic
         if not isinstance(file, str) or name == __name__:  # the stamping is not the code measured
             continue
         path = Path(file).resolve()
-        if not path.is_relative_to(root) or path.is_relative_to(root / ".venv"):
+        if not path.is_file() or not path.is_relative_to(root) or path.is_relative_to(root / ".venv"):
             continue
         rel = path.relative_to(root)
         loaded.add(rel.as_posix())
