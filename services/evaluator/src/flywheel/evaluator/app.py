@@ -3,13 +3,11 @@ the work-queue consumer of evaluation requests."""
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import timedelta
-
 import httpx
 
 from flywheel.api.evaluator.v1.events_pb2 import EvaluationRequest
 from flywheel.core import entrypoint
+from flywheel.core.bus.connection import with_ack_wait
 from flywheel.core.bus.work_queue import WorkQueueConsumer
 from flywheel.core.infra import connect_bus
 from flywheel.core.lifecycle import ServiceParts
@@ -33,9 +31,7 @@ async def build(settings: EvaluatorSettings, parts: ServiceParts) -> None:
     )
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.concurrency * 2), trust_env=False)
     parts.closers += [judge.close, http.aclose]
-    spec = bus.catalogue.consumer(DURABLE)
-    if settings.ack_wait_s is not None:
-        spec = dataclasses.replace(spec, ack_wait=timedelta(seconds=settings.ack_wait_s))
+    spec = with_ack_wait(bus.catalogue.consumer(DURABLE), settings.ack_wait_s)
     evaluator = Evaluator(settings, judge, http)
     parts.consumers.append(
         WorkQueueConsumer(

@@ -9,6 +9,7 @@ from flywheel.api.traces.v1 import trace_store_service_pb2 as pb
 from flywheel.api.traces.v1 import trace_store_service_pb2_grpc as pb_grpc
 from flywheel.api.traces.v1.spans_pb2 import SpanBatch
 from flywheel.core import entrypoint, retention
+from flywheel.core.bus.connection import with_ack_wait
 from flywheel.core.bus.consumer import EventConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
@@ -23,6 +24,7 @@ from flywheel.trace_store.settings import TraceStoreSettings
 from flywheel.trace_store.spans import Limits
 
 NAME = "trace_store"
+DURABLES = ("trace-store-decisions", "trace-store-feedback", "trace-store-traces")
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -50,15 +52,16 @@ async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
             pb.DESCRIPTOR.services_by_name["TraceStoreService"].full_name,
         )
     )
-    for durable, message_type, handler in (
-        ("trace-store-decisions", DecisionBatch, DecisionBatchHandler(database.sessions)),
-        ("trace-store-feedback", FeedbackEvent, FeedbackHandler(database.sessions)),
+    decisions, feedback, traces = (with_ack_wait(bus.catalogue.consumer(d), settings.ack_wait_s) for d in DURABLES)
+    for spec, message_type, handler in (
+        (decisions, DecisionBatch, DecisionBatchHandler(database.sessions)),
+        (feedback, FeedbackEvent, FeedbackHandler(database.sessions)),
     ):
         parts.consumers.append(
             EventConsumer(
                 js=bus.js,
                 catalogue=bus.catalogue,
-                spec=bus.catalogue.consumer(durable),
+                spec=spec,
                 message_type=message_type,
                 handler=handler,
             )
@@ -67,7 +70,7 @@ async def build(settings: TraceStoreSettings, parts: ServiceParts) -> None:
         EventConsumer(
             js=bus.js,
             catalogue=bus.catalogue,
-            spec=bus.catalogue.consumer("trace-store-traces"),
+            spec=traces,
             message_type=SpanBatch,
             batch_handler=SpanBatchHandler(writer, limits),
             batch_size=settings.ingest_batch_size,

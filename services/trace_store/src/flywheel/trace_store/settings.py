@@ -16,6 +16,10 @@ class TraceStoreSettings(ServiceSettings):
     s3: S3Settings = Field(default_factory=S3Settings)  # type: ignore[arg-type]
     # Span batches fetched from JetStream per write (each becomes part of one transaction).
     ingest_batch_size: int = Field(256, ge=1, le=10_000)
+    # Overrides the catalogue's ack wait (30 s) of the trace store's three consumers (decisions,
+    # feedback, span batches): how soon what a killed replica held is redelivered. Its handlers
+    # send no in-progress acks, so keep it well above a batch write's time.
+    ack_wait_s: float | None = Field(None, gt=0)
     max_spans_per_batch: int = Field(10_000, ge=1)
     max_attributes_bytes: int = Field(64 * 1024, ge=1)
     max_text_bytes: int = Field(1024 * 1024, ge=1)

@@ -4,14 +4,13 @@ adapters) -> TrainerService, the job runner, the canary follower and the outbox 
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import timedelta
 from pathlib import Path
 
 from flywheel.api.trainer.v1 import trainer_service_pb2 as pb
 from flywheel.api.trainer.v1 import trainer_service_pb2_grpc as pb_grpc
 from flywheel.api.trainer.v1.events_pb2 import TrainingJobEvent
 from flywheel.core import entrypoint
+from flywheel.core.bus.connection import with_ack_wait
 from flywheel.core.bus.work_queue import WorkQueueConsumer
 from flywheel.core.infra import connect_bus, connect_database, connect_objects
 from flywheel.core.lifecycle import ServiceParts
@@ -76,9 +75,7 @@ async def build(settings: TrainerSettings, parts: ServiceParts) -> None:
             catalogue=bus.catalogue,
             finisher=finisher,
         )
-        spec = bus.catalogue.consumer(DURABLE)
-        if settings.ack_wait_s is not None:
-            spec = dataclasses.replace(spec, ack_wait=timedelta(seconds=settings.ack_wait_s))
+        spec = with_ack_wait(bus.catalogue.consumer(DURABLE), settings.ack_wait_s)
         parts.consumers.append(
             JobConsumer(
                 runner=runner,

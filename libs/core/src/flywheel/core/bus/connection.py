@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
+from datetime import timedelta
 
 import nats
 from nats.aio.client import Client
@@ -95,8 +97,21 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> None:
         await js.update_stream(config)
 
 
+def with_ack_wait(spec: ConsumerSpec, ack_wait_s: float | None) -> ConsumerSpec:
+    """``spec`` with a service's ack-wait setting (``FLYWHEEL_<SERVICE>_ACK_WAIT_S``) in place of
+    the catalogue's; None keeps the catalogue's. The shorter it is, the sooner what a dead replica
+    held comes back; a handler that may run longer must mark its message in progress meanwhile."""
+    if ack_wait_s is None:
+        return spec
+    if not ack_wait_s > 0:
+        raise ValueError(f"{spec.durable}: the ack wait must be > 0 s, got {ack_wait_s!r}")
+    return dataclasses.replace(spec, ack_wait=timedelta(seconds=ack_wait_s))
+
+
 async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
-    """Create the durable pull consumer (add_consumer is idempotent for equal configs)."""
+    """Create the durable pull consumer, or update it to ``spec`` if it exists with other settings
+    (add_consumer is idempotent for equal configs; JetStream updates the mutable ones, such as the
+    ack wait, in place). Its owner calls this as it starts, so its settings are the ones in force."""
     await js.add_consumer(
         spec.stream,
         ConsumerConfig(
@@ -114,8 +129,14 @@ async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
 
 async def ensure_topology(js: JetStreamContext, catalogue: Catalogue) -> None:
     """Declare every stream of the catalogue. Consumers are declared by their owners, except
-    those of interest-retention streams, which must exist before anything is published."""
+    those of interest-retention streams, which must exist before anything is published: those
+    are created here when missing, and otherwise left as they are, since their owner may have
+    declared them with its own settings (the trace store's ack wait) that the catalogue's
+    would undo each time another service starts."""
     for spec in catalogue.streams.values():
         await ensure_stream(js, spec)
     for consumer in catalogue.interest_consumers():
-        await ensure_consumer(js, consumer)
+        try:
+            await js.consumer_info(consumer.stream, consumer.durable)
+        except NotFoundError:
+            await ensure_consumer(js, consumer)
