@@ -46,3 +46,32 @@ def run_in_process(world: World, half_life: float, seed: int, batch: int = 1) ->
     rng = np.random.default_rng(seed)
     policy = SegmentedThompson(world, kind, rng, half_life)
     return play(policy, world, batch)  # type: ignore[arg-type]  (World has rewards and delays)
+
+
+def run_replicas(world: World, half_life: float, seed: int, extra: np.ndarray) -> np.ndarray:
+    """The arms R replicas of the in-process policy pick, shape (T,): decision t by replica
+    t % R, the reward of decision t reaching replica r after ``delay[t] + extra[r, t]`` more
+    decisions (``extra`` has shape (R, T)). Every replica draws from the same generator, so with
+    the same delays for all R this is ``run_in_process`` draw for draw (and with R = 1, always)."""
+    kind = "beta" if world.reward == "bernoulli" else "gaussian"
+    rng = np.random.default_rng(seed)
+    replicas, horizon = extra.shape
+    policies = [SegmentedThompson(world, kind, rng, half_life) for _ in range(replicas)]
+    arms = np.zeros(horizon, dtype=np.intp)
+    orders, arrivals = [], []
+    for r in range(replicas):
+        arrival = np.arange(horizon) + 1 + world.delays + extra[r]
+        order = np.argsort(arrival, kind="stable")
+        orders.append(order)
+        arrivals.append(arrival[order])
+    delivered = [0] * replicas
+    for t in range(horizon):
+        # As loop.play: the rewards that arrived by t reach every replica before decision t.
+        for r in range(replicas):
+            upto = int(np.searchsorted(arrivals[r], t, side="right"))
+            if upto > delivered[r]:
+                steps = orders[r][delivered[r] : upto]
+                policies[r].update(steps, arms[steps], world.rewards[steps, arms[steps]], float(t))
+                delivered[r] = upto
+        arms[t] = policies[t % replicas].select(1, float(t))[0]
+    return arms

@@ -1,13 +1,15 @@
 """Where the feedback lag goes: decision -> feedback applied, stage by stage, through the real service.
 
-    python bench/service-regret/lag.py [--horizon 2000] [--modes paced,unpaced] [--repeats N] [--out PATH]
+    python bench/service-regret/lag.py [--horizon 2000] [--modes paced,unpaced] [--replicas 1,2] [--repeats N]
     python bench/service-regret/lag.py --variant off:FEEDBACK_PREFETCH=false --variant on:FEEDBACK_PREFETCH=true
 
-One optimizer replica on real NATS, PostgreSQL and S3 (``service.Stack``), a product playing the
-stationary world (k = 10) through the SDK as ``run.py`` does (``service.play_service``: Select,
-then ``feedback_nowait`` at once), paced at 200 decisions/s and unpaced (at most 8 Selects in
-flight). Per mode it reports p50/p90/p99 of each stage, in milliseconds and in decisions served
-meanwhile (ms x the mode's measured rate):
+One, then two optimizer replicas on real NATS, PostgreSQL and S3 (``service.Stack``), a product
+playing the stationary world (k = 10) through the SDK as ``run.py`` does (``service.play_service``:
+Select, then ``feedback_nowait`` at once; with two replicas decision t goes to replica t % 2 and
+their shared durable consumer splits the feedback between them), paced at 200 decisions/s and
+unpaced (at most 8 Selects in flight). Per mode it reports p50/p90/p99 of each stage, in
+milliseconds and in decisions served meanwhile (ms x the mode's measured rate, both replicas'
+decisions together):
 
 - ``sdk``: ``feedback_nowait`` -> JetStream acknowledged the publish (the SDK's
   ``FeedbackQueueStats.ack_seconds``; includes the store and the acknowledgement's way back);
@@ -16,21 +18,31 @@ meanwhile (ms x the mode's measured rate):
 - ``fetch``: the later of stored and that fetch request -> fetched;
 - ``queue``: fetched -> its batch's handling began (held while earlier batches were handled);
 - ``handle``: -> the handler returned (one transaction applied, committed, folded);
-- ``ack``: handler returned -> acked; ``total``: stored -> acked.
+- ``ack``: handler returned -> acked; ``total``: stored -> acked (for an event deferred because
+  its decision was still in the other replica's buffer, the deferral included; ``deferred`` counts them);
+- ``fold_own``: the replica's commit -> the snapshot its Select samples from has the increments;
+- ``fold_peer`` (two replicas): the other replica's NOTIFY sent (its transaction's last
+  statement, just before its commit) -> this replica's snapshot has them: the cross-replica hop.
 
-The consumer's stages come from the replica's ``flywheel_event_lag_seconds`` histogram (scraped
-before and after each mode; quantiles interpolated within buckets as PromQL's
-``histogram_quantile`` does). ``--variant NAME:KEY=VALUE[,KEY=VALUE]`` (repeatable) runs the
-replica with those ``FLYWHEEL_OPTIMIZER_*`` settings; the variants take turns within each repeat
-(a fresh replica each time), so that a comparison on a busy machine is paired, run for run.
-Writes ``bench/results/service-regret-lag.json`` (stamped by ``flywheel.stack.benchstamp``) and
-prints it as the last line.
+The consumer's stages come from the replicas' ``flywheel_event_lag_seconds`` histogram (one event
+in 8), the folds from ``flywheel_optimizer_posterior_fold_lag_seconds{source}`` (one observation
+per transaction and endpoint), both summed over the mode's replicas (scraped before and after
+each mode; quantiles interpolated within buckets as PromQL's ``histogram_quantile`` does); each
+row also has every replica's own ``total`` and ``fold_peer`` (``per_replica``).
+``--variant NAME:KEY=VALUE[,KEY=VALUE]`` (repeatable) runs the replicas with those
+``FLYWHEEL_OPTIMIZER_*`` settings; the variants take turns within each repeat (fresh replicas
+each time), so that a comparison on a busy machine is paired, run for run.
+``--optimizer-commit REV`` runs that commit's optimizer and SDK whatever is uncommitted
+(``tree.py``, as ``run.py``). Writes ``bench/results/service-regret-lag.json`` (stamped by
+``flywheel.stack.benchstamp``; ``params.optimizer_code`` says which code ran) and prints it as the
+last line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 import time
@@ -42,7 +54,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "regret")]
-from service import Mode, Stack, log, play_service, scrape  # noqa: E402
+from service import Mode, Stack, log, metric_sum, play_service, scrape  # noqa: E402
+from tree import MARK, current, reexec_at  # noqa: E402
 from worlds import make_world  # noqa: E402
 
 from flywheel.sdk import FlywheelClient  # noqa: E402
@@ -51,18 +64,36 @@ from flywheel.stack.benchstamp import RESULTS, write_results  # noqa: E402
 CONSUMER = "optimizer-feedback"
 INF = float("inf")
 LAG = "flywheel_event_lag_seconds"
+FOLD_LAG = "flywheel_optimizer_posterior_fold_lag_seconds"
 STAGES = ("busy", "fetch", "queue", "handle", "ack", "total")
+FOLDS = {"fold_own": "own", "fold_peer": "peer"}  # stage name -> the fold histogram's source
+DEFERRED = "flywheel_optimizer_feedback_deferred_total"
 QUANTILES = (0.5, 0.9, 0.99)
 
 
 def buckets(text: str, stage: str, consumer: str = CONSUMER) -> dict[float, float]:
-    """Cumulative bucket counts {upper bound: count} of one stage of ``flywheel_event_lag_seconds``."""
+    """Cumulative bucket counts {upper bound: count} of one stage: of ``flywheel_event_lag_seconds``,
+    or for ``fold_own`` / ``fold_peer`` of ``flywheel_optimizer_posterior_fold_lag_seconds``."""
+    if stage in FOLDS:
+        name, want = FOLD_LAG, {"source": FOLDS[stage]}
+    else:
+        name, want = LAG, {"consumer": consumer, "stage": stage}
     out: dict[float, float] = {}
-    for labels, value in re.findall(rf"^{LAG}_bucket\{{([^}}]*)\}} (\S+)$", text, re.M):
+    for labels, value in re.findall(rf"^{name}_bucket\{{([^}}]*)\}} (\S+)$", text, re.M):
         got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if got.get("consumer") == consumer and got.get("stage") == stage:
+        if all(got.get(k) == v for k, v in want.items()):
             out[float(got["le"])] = out.get(float(got["le"]), 0.0) + float(value)
     return out
+
+
+def scrape_all(ports: list[int]) -> list[dict[str, dict[float, float]]]:
+    """Every stage's cumulative buckets, per replica."""
+    texts = [scrape(port) for port in ports]
+    return [{s: buckets(text, s) for s in (*STAGES, *FOLDS)} for text in texts]
+
+
+def minus(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    return {le: n - before.get(le, 0.0) for le, n in after.items()}
 
 
 def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
@@ -112,19 +143,20 @@ async def measure(
 ) -> tuple[dict[str, Any], Raw]:
     """One run of ``mode`` on the running replica: its row, and the raw samples to pool."""
     world = make_world("stationary", "bernoulli", k, seed, horizon, 0.1, 100)
-    port = stack.replicas[0].metrics_port
-    before = {s: buckets(scrape(port), s) for s in STAGES}
+    ports = [proc.metrics_port for proc in stack.replicas]
+    before = scrape_all(ports)
+    deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports)
     stack.handed = []
     result = await play_service(stack, world, mode, f"lag-{variant}-{mode.name}-{run}", {})
-    await asyncio.sleep(0.5)  # the last acks observed
-    text = scrape(port)
-    after = {s: buckets(text, s) for s in STAGES}
+    await asyncio.sleep(0.5)  # the last acks and rebuilds observed
+    after = scrape_all(ports)
+    deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports) - deferred
     queues = [c._feedback_queue for c in stack.handed if c._feedback_queue is not None]
-    raw = Raw(
-        sdk=[x for q in queues for x in q.stats.ack_seconds],
-        stages={s: {le: n - before[s].get(le, 0.0) for le, n in after[s].items()} for s in STAGES},
-        rates=[result.rate],
-    )
+    # Per replica, then summed: the mode's events (and folds) wherever they were handled.
+    mine = [{s: minus(a[s], b[s]) for s in a} for a, b in zip(after, before, strict=True)]
+    raw = Raw(sdk=[x for q in queues for x in q.stats.ack_seconds], rates=[result.rate])
+    for replica in mine:
+        raw.add(Raw(stages=replica))
     return {
         "variant": variant,
         "mode": mode.name,
@@ -133,8 +165,16 @@ async def measure(
         "applied": result.applied,
         "bounces": result.bounces,
         "retries": result.retries,
+        "deferred": deferred,
         "select_p50_ms": round(float(np.median(result.select_ms)), 2),
         "stages": raw.summary(),
+        "per_replica": [
+            {
+                s: Raw(stages={s: replica[s]}, rates=[result.rate]).summary()[s]
+                for s in ("total", "fold_own", "fold_peer")
+            }
+            for replica in mine
+        ],
     }, raw
 
 
@@ -186,19 +226,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         stack.start()
         base = dict(stack.env)
-        modes = {"paced": Mode(1, args.rate, 32), "unpaced": Mode(1, None, 8)}
         for run in range(args.repeats):
             for variant, settings in args.variants:
                 if len(args.variants) > 1 or not stack.replicas:
                     stack.scale(0)
                     stack.env = {**base, **settings}
-                    stack.scale(1)
-                for name in args.modes.split(","):
-                    started = time.perf_counter()
-                    r, raw = await measure(stack, modes[name], args.horizon, args.k, args.seed + run, run, variant)
-                    pooled.setdefault((variant, r["mode"]), Raw()).add(raw)
-                    log(f"{variant} {r['mode']}: {r['rate']}/s, {time.perf_counter() - started:.0f} s")
-                    rows.append(r)
+                for replicas in args.replicas:
+                    # A second replica joins the first (as in run.py); the variants' replicas are fresh.
+                    stack.scale(replicas)
+                    for name in args.modes.split(","):
+                        mode = Mode(replicas, args.rate, 32) if name == "paced" else Mode(replicas, None, 8)
+                        started = time.perf_counter()
+                        r, raw = await measure(stack, mode, args.horizon, args.k, args.seed + run, run, variant)
+                        pooled.setdefault((variant, r["mode"]), Raw()).add(raw)
+                        log(f"{variant} {r['mode']}: {r['rate']}/s, {time.perf_counter() - started:.0f} s")
+                        rows.append(r)
     finally:
         stack.stop()
     return {
@@ -209,15 +251,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "modes": args.modes,
             "repeats": args.repeats,
             "seed": args.seed,
-            "replicas": 1,
+            "replicas": args.replicas,
             "world": "stationary",
             "variants": {name: settings for name, settings in args.variants},
+            **current(),
         },
         "rows": rows,
         "pooled": [
             {
                 "variant": v,
                 "mode": m,
+                "replicas": int(m.split("rep-")[0]),
                 "runs": len(raw.rates),
                 "rate": round(float(np.mean(raw.rates)), 1),
                 "stages": raw.summary(),
@@ -247,17 +291,28 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--modes", default="paced,unpaced")
+    parser.add_argument("--replicas", default="1,2", help="1, 2 or 1,2: the one-replica modes run first")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", dest="variants", type=variant, action="append", default=[])
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--optimizer-commit",
+        metavar="REV",
+        help="run the optimizer (and the SDK) of this commit, not the working tree's (see tree.py)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag.json")
     args = parser.parse_args()
     if args.horizon < 1 or args.rate <= 0 or args.repeats < 1:
         parser.error("--horizon and --repeats must be >= 1 and --rate > 0")
     if set(args.modes.split(",")) - {"paced", "unpaced"}:
         parser.error(f"--modes: paced and/or unpaced, got {args.modes!r}")
+    if args.replicas not in ("1", "2", "1,2"):
+        parser.error(f"--replicas: 1, 2 or 1,2, got {args.replicas!r}")
+    args.replicas = [int(r) for r in args.replicas.split(",")]
     args.variants = args.variants or [("default", {})]
+    if args.optimizer_commit and MARK not in os.environ:
+        reexec_at(args.optimizer_commit)
     result = asyncio.run(main_async(args))
     log(table(result["rows"]))
     log("pooled over the repeats:")

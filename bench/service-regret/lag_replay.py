@@ -18,8 +18,13 @@ draws each reward's lag uniformly on [0, 2L] instead (same mean). ``--measured``
 of a `lag.py` results file, a lag drawn for every reward from the distribution that mode measured
 in the service: the publish (`sdk` stage) plus stored -> applied (`total`), each drawn from the
 piecewise-linear quantile function through 0, its p50, p90 and p99 (in decisions; the top 1% held
-at p99, so the tail is, if anything, understated). That prices the lag as it varies, not only its
-median. Results are stamped with `flywheel.stack.benchstamp` (commit, date, machine, command).
+at p99, so the tail is, if anything, understated), plus the commit -> the replica's snapshot
+(`fold_own`) when the file has it. That prices the lag as it varies, not only its median. A
+two-replica mode is played as two replicas of the policy (`inprocess.run_replicas`): decision t
+by replica t % 2, each reward applied by one of them drawn at random (their shared consumer
+splits the feedback) and reaching the other one `fold_peer` later instead of `fold_own` (the
+NOTIFY hop: sent just before the commit -> the other's snapshot has it). Results are stamped
+with `flywheel.stack.benchstamp` (commit, date, machine, command).
 
     python bench/service-regret/lag_replay.py --lags 10 --seeds 100 --measured bench/results/service-regret-lag.json
 """
@@ -38,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "regret"))  # bench/regret's loop
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this bench's modules
-from inprocess import run_in_process
+from inprocess import run_in_process, run_replicas
 from worlds import WORLDS, World, make_world
 
 from flywheel.stack.benchstamp import write_results
@@ -62,19 +67,51 @@ def quantile_sampler(stage: dict[str, float]) -> Any:
     return lambda rng, n: np.interp(rng.random(n), levels, values)
 
 
-def measured_lags(path: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """{mode: {"sdk": stage, "total": stage}} from a `lag.py` results file: its repeats pooled,
-    for its default variant (or the first by name)."""
+def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
+    """{mode: {"replicas": n, "stages": {"sdk": stage, "total": stage, ["fold_own": stage,]
+    ["fold_peer": stage]}}} from a `lag.py` results file: its repeats pooled, for its default
+    variant (or the first by name). ``fold_own`` is kept when the file measured it (older files
+    did not), ``fold_peer`` for the two-replica modes, which need it."""
     rows = json.loads(path.read_text())["pooled"]
     variants = {r["variant"] for r in rows}
     keep = "default" if "default" in variants else sorted(variants)[0]
-    return {r["mode"]: {k: r["stages"][k] for k in ("sdk", "total")} for r in rows if r["variant"] == keep}
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["variant"] != keep:
+            continue
+        replicas = int(r.get("replicas") or (2 if str(r["mode"]).startswith("2rep") else 1))
+        names = ["sdk", "total"]
+        if (r["stages"].get("fold_own") or {}).get("count"):
+            names.append("fold_own")
+        if replicas > 1:
+            names.append("fold_peer")  # a KeyError when missing: not a two-replica lag.py row
+        out[r["mode"]] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
+    return out
 
 
 def measured_extra(stages: dict[str, dict[str, float]], horizon: int, rng: np.random.Generator) -> np.ndarray:
-    """Each reward's extra lag in whole decisions: a publish draw plus a stored -> applied draw."""
+    """Each reward's extra lag in whole decisions: a publish draw plus a stored -> applied draw
+    (plus a commit -> folded draw when ``fold_own`` was measured)."""
     total = quantile_sampler(stages["sdk"])(rng, horizon) + quantile_sampler(stages["total"])(rng, horizon)
+    if "fold_own" in stages:
+        total = total + quantile_sampler(stages["fold_own"])(rng, horizon)
     return np.rint(total).astype(np.int64)
+
+
+def measured_extras(mode: dict[str, Any], horizon: int, rng: np.random.Generator) -> np.ndarray:
+    """Each replica's extra lag for each reward, shape (replicas, T). One replica: as
+    `measured_extra`. Two: the replica that applies a reward (drawn at random) gets it as one
+    replica would; the other one gets it ``fold_peer`` after the stored -> applied instead of
+    ``fold_own``."""
+    stages = mode["stages"]
+    if mode["replicas"] == 1:
+        return measured_extra(stages, horizon, rng)[None, :]
+    applied = quantile_sampler(stages["sdk"])(rng, horizon) + quantile_sampler(stages["total"])(rng, horizon)
+    own = applied + (quantile_sampler(stages["fold_own"])(rng, horizon) if "fold_own" in stages else 0.0)
+    peer = applied + quantile_sampler(stages["fold_peer"])(rng, horizon)
+    applier = rng.integers(0, 2, size=horizon)
+    extra = np.where(applier == 0, [own, peer], [peer, own])
+    return np.rint(extra).astype(np.int64)
 
 
 def paired_ratio(lagged_regret: np.ndarray, reference: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
@@ -104,11 +141,11 @@ def replay(params: dict[str, Any]) -> dict[str, Any]:
                 for i, lag in enumerate(lags):
                     if isinstance(lag, str):  # a mode measured by lag.py
                         rng = np.random.default_rng([seed, i, 11])
-                        extra = measured_extra(measured[lag], world.horizon, rng)
-                        shifted = dataclasses.replace(world, delays=world.delays + extra)
+                        extras = measured_extras(measured[lag], world.horizon, rng)
+                        arms = run_replicas(world, half_life, 10_000 + seed, extras)
                     else:
                         shifted = lagged(world, lag, params["jitter"], np.random.default_rng([seed, lag, 7]))
-                    arms = run_in_process(shifted, half_life, seed=10_000 + seed)
+                        arms = run_in_process(shifted, half_life, seed=10_000 + seed)
                     regrets[i, seed] = world.regret(arms).sum()
             boot_rng = np.random.default_rng(0)
             for i, lag in enumerate(lags):
@@ -184,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.measured is not None:
         try:
             measured = measured_lags(args.measured)
-            for stages in measured.values():
-                for stage in stages.values():
+            for mode in measured.values():
+                for stage in mode["stages"].values():
                     quantile_sampler(stage)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             ap.error(f"--measured {args.measured}: not a lag.py results file ({type(exc).__name__}: {exc})")

@@ -1,5 +1,6 @@
-"""bench/service-regret/lag.py's arithmetic: the stage histograms parsed from a scrape, their
-quantiles between two scrapes (PromQL's interpolation), pooling, and the --variant syntax."""
+"""bench/service-regret/lag.py's arithmetic: the stage histograms parsed from a scrape (the
+consumer's stages and the folds'), their quantiles between two scrapes (PromQL's interpolation),
+pooling, and the --variant and --replicas syntax."""
 
 from __future__ import annotations
 
@@ -72,3 +73,22 @@ def test_a_variant_names_optimizer_settings(lag) -> None:
         lag.variant("x:FEEDBACK_PREFETCH")
     with pytest.raises(argparse.ArgumentTypeError, match="name"):
         lag.variant(":A=1")
+
+
+def test_the_fold_stages_come_from_the_fold_lag_histogram_by_source(lag) -> None:
+    text = scrape({"handle": {"0.01": 3, "+Inf": 3}}) + "".join(
+        f'flywheel_optimizer_posterior_fold_lag_seconds_bucket{{le="{le}",source="{source}"}} {n}\n'
+        for source, counts in (("own", {"0.005": 4, "+Inf": 6}), ("peer", {"0.005": 1, "+Inf": 2}))
+        for le, n in counts.items()
+    )
+    assert lag.buckets(text, "fold_own") == {0.005: 4.0, float("inf"): 6.0}
+    assert lag.buckets(text, "fold_peer") == {0.005: 1.0, float("inf"): 2.0}
+    assert lag.buckets(text, "handle") == {0.01: 3.0, float("inf"): 3.0}  # the fold lines left out
+    assert lag.minus({0.005: 4.0, float("inf"): 6.0}, {0.005: 1.0}) == {0.005: 3.0, float("inf"): 6.0}
+
+
+def test_replicas_are_one_two_or_both(lag, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["lag.py", "--replicas", "3"])
+    with pytest.raises(SystemExit) as exit_:
+        lag.main()
+    assert exit_.value.code == 2 and "--replicas: 1, 2 or 1,2" in capsys.readouterr().err

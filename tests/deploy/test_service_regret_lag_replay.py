@@ -95,14 +95,56 @@ def test_measured_modes_are_replayed_beside_the_constant_lags(replay, tmp_path) 
     lag_file = tmp_path / "lag.json"
     slow = {"sdk": _stage(1, 2, 3), "total": _stage(250, 300, 350)}
     fast = {"sdk": _stage(0, 0, 0), "total": _stage(0, 0, 0)}
-    rows = [{"variant": "default", "mode": m, "stages": s} for m, s in (("slow", slow), ("fast", fast))]
+    zero = {**fast, "fold_own": {**_stage(0, 0, 0), "count": 5}, "fold_peer": {**_stage(0, 0, 0), "count": 5}}
+    # Two replicas that apply at once, but each learns the other's feedback 250+ decisions later.
+    far = {**zero, "fold_peer": {**_stage(250, 300, 350), "count": 5}}
+    modes = (("1rep-slow", slow), ("1rep-fast", fast), ("2rep-fast", zero), ("2rep-far", far))
+    rows = [{"variant": "default", "mode": m, "stages": s} for m, s in modes]
     lag_file.write_text(json.dumps({"pooled": rows}))
     measured = replay.measured_lags(lag_file)
+    assert {m: v["replicas"] for m, v in measured.items()} == {
+        "1rep-slow": 1,
+        "1rep-fast": 1,
+        "2rep-fast": 2,
+        "2rep-far": 2,
+    }
+    assert set(measured["2rep-far"]["stages"]) == {"sdk", "total", "fold_own", "fold_peer"}
     params = {"lags": [0], "seeds": 6, "horizon": 600, "gap": 0.2, "max_delay": 0, "arms": [2]}
     figures = replay.replay({**params, "worlds": ["stationary"], "jitter": False, "measured": measured})
     ratio = figures["mean_ratio_by_lag"]
-    assert ratio["fast"] == 1.0  # a measured lag of 0 is the reference, draw for draw
-    assert ratio["slow"] > 1.3
+    assert ratio["1rep-fast"] == 1.0  # a measured lag of 0 is the reference, draw for draw
+    assert ratio["2rep-fast"] == 1.0  # two replicas that both see everything at once, too
+    assert ratio["1rep-slow"] > 1.3
+    # Half of every replica's evidence comes 250+ decisions late: it costs, less than all of it.
+    assert 1.05 < ratio["2rep-far"] < ratio["1rep-slow"]
+
+
+def test_two_replicas_get_each_reward_one_applied_the_other_a_hop_later(replay) -> None:
+    none = _stage(0, 0, 0)
+    stages = {"sdk": none, "total": none, "fold_own": none, "fold_peer": _stage(40, 40, 40)}
+    extra = replay.measured_extras({"replicas": 2, "stages": stages}, 4000, np.random.default_rng(0))
+    assert extra.shape == (2, 4000) and extra.dtype == np.int64
+    # One replica has each reward at once, the other the hop later (median 40: quantiles 0, 40, 40, 40).
+    assert (extra.min(axis=0) == 0).all() and np.median(extra.max(axis=0)) == pytest.approx(40, abs=1)
+    assert 0.45 < (extra[0] < extra[1]).mean() < 0.55  # the applying replica drawn at random
+    one = replay.measured_extras({"replicas": 1, "stages": stages}, 10, np.random.default_rng(0))
+    assert one.shape == (1, 10) and (one == 0).all()  # one replica: no hop
+    with pytest.raises(KeyError):  # a two-replica mode without the hop is not lag.py's
+        replay.measured_extras({"replicas": 2, "stages": {"sdk": none, "total": none}}, 5, np.random.default_rng(0))
+
+
+def test_replicas_of_the_policy_are_the_policy_when_they_see_the_same(replay) -> None:
+    run_replicas = sys.modules["inprocess"].run_replicas
+    for name in ("stationary", "delayed", "drift", "segmented"):
+        world = replay.make_world(name, "bernoulli", 10, 1, 300, 0.1, 100)
+        half_life = 75.0 if name == "drift" else 0.0
+        reference = replay.run_in_process(world, half_life, seed=5)
+        both = run_replicas(world, half_life, 5, np.zeros((2, 300), dtype=np.int64))
+        assert (both == reference).all(), name  # the same draws, the same arms
+        extra = np.random.default_rng(2).integers(0, 40, size=300)
+        shifted = replay.dataclasses.replace(world, delays=world.delays + extra)
+        one = run_replicas(world, half_life, 5, extra[None, :])
+        assert (one == replay.run_in_process(shifted, half_life, seed=5)).all(), name  # one replica: a lagged world
 
 
 def test_a_file_that_is_not_lag_output_is_refused(replay, tmp_path, capsys) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -128,6 +129,30 @@ async def test_two_replicas_see_each_others_feedback_within_the_bound(launch):
         lags = [await one_way_lag(sel_a, sel_b, "a-to-b"), await one_way_lag(sel_b, sel_a, "b-to-a")]
     print(f"peer lag: A->B {lags[0] * 1000:.0f} ms, B->A {lags[1] * 1000:.0f} ms")
     assert max(lags) < PEER_LAG_BOUND_S, f"lags {lags}"
+    # Each replica timed its own folds and the other's on their way to its Select
+    # (flywheel_optimizer_posterior_fold_lag_seconds, what bench/service-regret/lag.py reads).
+    for proc in (a, b):
+        text = await asyncio.to_thread(metrics, proc.metrics_port)
+        for source in ("own", "peer"):
+            count = sample(text, f"{FOLD_LAG}_count", source=source)
+            assert count >= 1, (proc, source, count)
+            assert 0 < sample(text, f"{FOLD_LAG}_sum", source=source) / count < PEER_LAG_BOUND_S
+
+
+FOLD_LAG = "flywheel_optimizer_posterior_fold_lag_seconds"
+
+
+def metrics(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` with exactly ``labels`` (0.0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 async def test_polling_get_endpoint_does_not_change_what_select_samples(launch, stack_env, monkeypatch):

@@ -4,15 +4,17 @@ folds against reads (which fold a read already counts), without a database."""
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from flywheel.optimizer import fold, snapshot, stats
 from flywheel.optimizer.cache import PosteriorCache, _Inputs
-from flywheel.optimizer.fold import Counts, FoldBatch, PgSnapshot
+from flywheel.optimizer.fold import Counts, FoldBatch, Notice, PgSnapshot
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.spec import PolicyConfig
 
@@ -90,6 +92,9 @@ def test_notification_payloads_round_trip_and_fall_back_to_a_reload_when_too_lar
     many = {f"arm-{i}": inc(1.0, features=[0.1] * 8) for i in range(40)}
     big = fold.body("r1", "big", many)
     assert len(big) < fold.MAX_PAYLOAD_BYTES and fold.decode('{"x":1,"t":1,' + big).fold is None  # reload
+    # The moment the notification was sent, when the payload has it (older replicas' do not).
+    assert fold.decode('{"x":42,"t":1700000000.5,"k":1700000000.75,' + body).sent == 1700000000.75
+    assert notice.sent == 0.0
 
 
 # --- the cache's bookkeeping, over reads made up in memory ---------------------------------
@@ -183,3 +188,35 @@ def test_rebuild_matches_build_for_the_same_counts():
     assert again.probabilities.tolist() == pytest.approx(fresh.probabilities.tolist(), abs=0.02)
     assert again.params_structs is base.params_structs  # carried over, not rebuilt
     assert again.probabilities[0] > 0.95 and again.probability_best[0] > 0.95
+
+
+def lag_count(source: str) -> tuple[float, float]:
+    """The fold lag histogram's sum and count for ``source`` so far."""
+    get = REGISTRY.get_sample_value
+    name = "flywheel_optimizer_posterior_fold_lag_seconds"
+    return get(f"{name}_sum", {"source": source}) or 0.0, get(f"{name}_count", {"source": source}) or 0.0
+
+
+async def test_the_fold_lag_is_timed_from_the_commit_or_the_notice_to_the_snapshot_that_has_it():
+    cache = PosteriorCache(sessions=None, rebuild_interval_s=0.05)  # type: ignore[arg-type]
+    cache._install(inputs(), PgSnapshot.parse("10:10:"), 0.0)
+    (own_sum, own_n), (peer_sum, peer_n) = lag_count("own"), lag_count("peer")
+    cache.committed(batch(10, "a", 1.0))
+    # A peer's transaction whose notification was sent 0.2 s ago.
+    peer = batch(11, "b", 0.0).folds()["bot"]
+    cache.notice(Notice("r2", "bot", peer, sent=time.time() - 0.2))
+    # Not observed before the snapshot Select samples from has them.
+    assert lag_count("own")[1] == own_n and lag_count("peer")[1] == peer_n
+    assert (await cache.caught_up("bot")).stats.w.tolist() == [1, 1]
+    (own_sum2, own_n2), (peer_sum2, peer_n2) = lag_count("own"), lag_count("peer")
+    assert own_n2 == own_n + 1 and peer_n2 == peer_n + 1
+    assert 0 <= own_sum2 - own_sum < 0.2  # one rebuild
+    assert 0.2 <= peer_sum2 - peer_sum < 0.4
+    # A notification without the moment it was sent (an older replica) is folded, not timed.
+    cache.notice(Notice("r2", "bot", batch(12, "b", 0.0).folds()["bot"]))
+    assert (await cache.caught_up("bot")).stats.w.tolist() == [1, 2]
+    assert lag_count("peer")[1] == peer_n2
+    # A fold a read covers is timed when that read is installed.
+    cache.committed(batch(13, "a", 1.0))
+    cache._install(inputs(w=(2, 2), s=(2, 0)), PgSnapshot.parse("14:14:"), 1.0)
+    assert lag_count("own")[1] == own_n2 + 1 and not cache._entries["bot"].timed

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -52,8 +52,17 @@ FOLDS = Counter(
 REBUILDS = Counter(
     "flywheel_optimizer_posterior_rebuilds_total", "Snapshots rebuilt from folded feedback (one may cover many folds)"
 )
+FOLD_LAG = Histogram(
+    "flywheel_optimizer_posterior_fold_lag_seconds",
+    "Committed feedback to the snapshot Select samples from reflecting it, by source: own (from this "
+    "replica's commit) and peer (from the other replica's NOTIFY being sent, just before its commit)",
+    ["source"],
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 10, 60),
+)
 # An endpoint with this many folds no read has seen yet (refreshes failing) is reloaded instead.
 MAX_PENDING_FOLDS = 10_000
+# At most this many folds per endpoint wait to be timed (``FOLD_LAG``); more are not timed.
+MAX_TIMED_FOLDS = 1_000
 
 
 @dataclass
@@ -78,6 +87,8 @@ class _Entry:
     next_rebuild: float = 0.0  # monotonic time before which no rebuild starts
     rebuilding: asyncio.Task[None] | None = None
     waiters: list[tuple[int, asyncio.Future[bool]]] = field(default_factory=list)
+    # Folds not in the installed snapshot yet: (version, since when (time.time()), source)
+    timed: list[tuple[int, float, str]] = field(default_factory=list)
 
 
 class PosteriorCache:
@@ -312,8 +323,9 @@ class PosteriorCache:
 
     def committed(self, batch: FoldBatch) -> None:
         """This replica's feedback transaction committed: fold its increments in now."""
+        now = time.time()
         for name, f in batch.folds().items():
-            self._fold(name, f, "own")
+            self._fold(name, f, "own", now)
         if self._segment_folds is not None and batch.segments:
             self._segment_folds(batch.segments, committed_at=time.monotonic())
 
@@ -322,7 +334,7 @@ class PosteriorCache:
         if notice.fold is None:
             self._reload_soon(notice.endpoint)
         else:
-            self._fold(notice.endpoint, notice.fold, "peer")
+            self._fold(notice.endpoint, notice.fold, "peer", notice.sent)
 
     async def caught_up(self, name: str) -> EndpointSnapshot | None:
         """The cached snapshot once it reflects every fold received so far (None when the
@@ -337,7 +349,7 @@ class PosteriorCache:
                 return None
         return self._snapshots.get(name)
 
-    def _fold(self, name: str, f: EndpointFold, source: str) -> None:
+    def _fold(self, name: str, f: EndpointFold, source: str, since: float = 0.0) -> None:
         entry, snap = self._entries.get(name), self._snapshots.get(name)
         if entry is None or snap is None:
             return  # not cached here: its first read will have it
@@ -351,6 +363,8 @@ class PosteriorCache:
         entry.counts = fold.add(snap.policy, entry.counts, index, f.at, f.arms, f.clock)
         entry.version += 1
         FOLDS.labels(source).inc()
+        if since > 0 and len(entry.timed) < MAX_TIMED_FOLDS:
+            entry.timed.append((entry.version, since, source))
         if entry.rebuilding is None:
             entry.rebuilding = asyncio.get_running_loop().create_task(self._rebuild(name, entry))
 
@@ -391,6 +405,14 @@ class PosteriorCache:
         return snap
 
     def _release(self, entry: _Entry, *, ok: bool = True) -> None:
+        if ok and entry.timed:
+            now, timed = time.time(), []
+            for version, since, source in entry.timed:
+                if version <= entry.built:
+                    FOLD_LAG.labels(source).observe(max(0.0, now - since))
+                else:
+                    timed.append((version, since, source))
+            entry.timed = timed
         waiting = []
         for version, waiter in entry.waiters:
             if waiter.done():

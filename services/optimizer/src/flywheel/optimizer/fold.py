@@ -132,8 +132,8 @@ class FoldBatch:
 
 
 # --- NOTIFY payloads ------------------------------------------------------------------------
-# The body is written here without the transaction's id and time, which PostgreSQL prepends
-# inside the transaction (``notify.py``): {"x": xid, "t": now, "r": replica, "e": endpoint,
+# The body is written here without the transaction's id and times, which PostgreSQL prepends
+# inside the transaction (``notify.py``): {"x": xid, "t": now, "k": sent, "r": replica, "e": endpoint,
 # "a": {arm: [w, s, ss] or [w, s, ss, xtx..., xty...]}, "c": decision clock} or, too large,
 # {..., "reload": 1}.
 
@@ -167,6 +167,9 @@ class Notice:
     replica: str
     endpoint: str
     fold: EndpointFold | None  # None: reload
+    # When the notifying transaction sent it (epoch seconds of the database's clock, just before
+    # its commit); 0.0 when the payload does not say (a replica of an older version).
+    sent: float = 0.0
 
 
 def _increment(values: list[float]) -> Increment:
@@ -190,7 +193,8 @@ def decode(payload: str) -> Notice:
         return Notice(replica, endpoint, None)
     arms = {str(a): _increment(v) for a, v in data["a"].items()}
     clock = float(data.get("c", 0.0))
-    return Notice(replica, endpoint, EndpointFold(int(data["x"]), float(data["t"]), arms, clock))
+    got = EndpointFold(int(data["x"]), float(data["t"]), arms, clock)
+    return Notice(replica, endpoint, got, float(data.get("k", 0.0)))
 
 
 def epoch(when: datetime) -> float:

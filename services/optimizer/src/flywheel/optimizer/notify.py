@@ -32,11 +32,14 @@ log = get_logger(__name__)
 CHANNEL_SQL = "('flywheel_posteriors_' || md5(current_schema()))"
 
 # One round trip inside the feedback transaction: its id and now(), and one notification per
-# endpoint whose text PostgreSQL completes with both (so they are exactly the committed ones).
+# endpoint whose text PostgreSQL completes with both (so they are exactly the committed ones)
+# and with the moment it was sent ("k", clock_timestamp(): the transaction's last statement, just
+# before its commit), from which the receiver times its fold (``cache.FOLD_LAG``).
 _ANNOUNCE = text(  # CHANNEL_SQL is a constant: nothing from a request is formatted in
     "SELECT pg_current_xact_id()::text AS x, extract(epoch from now())::text AS t, "  # noqa: S608
     f"(SELECT count(pg_notify({CHANNEL_SQL}, "
-    "'{\"x\":' || pg_current_xact_id()::text || ',\"t\":' || extract(epoch from now())::text || ',' || b)) "
+    "'{\"x\":' || pg_current_xact_id()::text || ',\"t\":' || extract(epoch from now())::text || "
+    "',\"k\":' || extract(epoch from clock_timestamp())::text || ',' || b)) "
     "FROM unnest(:bodies) AS b) AS sent"
 ).bindparams(bindparam("bodies", type_=ARRAY(String)))
 
