@@ -113,6 +113,8 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("mean ratio, lag 50", ("mean_ratio_by_lag", "50")),
         ("mean ratio, the lag measured paced (lag.py)", ("mean_ratio_by_lag", "1rep-paced")),
         ("mean ratio, the lag measured unpaced (lag.py)", ("mean_ratio_by_lag", "1rep-unpaced")),
+        ("mean ratio, the lag measured with two replicas, paced", ("mean_ratio_by_lag", "2rep-paced")),
+        ("mean ratio, the lag measured with two replicas, unpaced", ("mean_ratio_by_lag", "2rep-unpaced")),
     ],
     "rlp": [
         ("mean evaluations to target, search alone", ("search", "mean_evaluations_to_target")),
