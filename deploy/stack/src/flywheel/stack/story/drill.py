@@ -16,11 +16,12 @@ optimize.sao_running  reward_judge        the SAO round's Rank calls (when its p
                                           requests in flight; results arriving while it is
                                           dead wait on the bus
 optimize.running      evaluator           evaluation requests taken, not answered (redelivered
-                                          after the consumer's ack wait, 30 s)
+                                          after the consumer's ack wait, 8 s in the story)
                       society             an RLP step thinking on a run-progress event, the SAO
                                           round running (requeued by the sweep)
 traffic.halfway       trace_store         (background, 3 s) decisions, feedback and spans
-                                          published while it is dead
+                                          published while it is dead, and those it had taken
+                                          (redelivered after its ack wait, 8 s in the story)
 training.running      trainer             the DPO job it claimed (its message unacked:
                                           redelivered after the trainer's ack wait)
 ====================  ==================  =====================================================

@@ -42,6 +42,10 @@ TRAINER_ENV = {
 # A killed evaluator's requests come back after 8 s instead of the catalogue's 30 (a live one
 # keeps its in-flight requests alive every third of that).
 EVALUATOR_ENV = {"FLYWHEEL_EVALUATOR_ACK_WAIT_S": "8"}
+# Likewise what a killed trace store held (decisions, feedback, span batches) comes back after 8 s:
+# the traffic stage's wait for them after the kill drill's outage (its handlers write one batch
+# in well under a second, so none is redelivered while it is being stored).
+TRACE_STORE_ENV = {"FLYWHEEL_TRACE_STORE_ACK_WAIT_S": "8"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
@@ -82,6 +86,7 @@ def start_story_stack(root: Path, sizes: StorySizes) -> tuple[Stack, ModelServer
     trainer.update(TRAINER_ENV)
     trainer.update(OFFLINE_ENV)
     stack.services["evaluator"].env.update(EVALUATOR_ENV)
+    stack.services["trace_store"].env.update(TRACE_STORE_ENV)
     trainer["FLYWHEEL_TRAINER_MODELSERVER_URL"] = model.url
     trainer["FLYWHEEL_TRAINER_MODELSERVER_API_KEY"] = model.api_key
     trainer.setdefault("FLYWHEEL_TRAINER_WORK_DIR", str(root / "trainer-work"))

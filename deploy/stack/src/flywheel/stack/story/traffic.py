@@ -313,7 +313,8 @@ async def traffic(ctx: StoryContext) -> None:
                 if i == n // 2:
                     await ctx.hooks.reached("traffic.halfway", ctx)
         # What follows waits on the bus (a killed trace store's unacked events come back after
-        # its consumers' ack wait, 30 s): said, so a slow telling shows where its time went.
+        # its consumers' ack wait, 8 s in the story, run.TRACE_STORE_ENV): said, so a slow
+        # telling shows where its time went.
         ctx.progress.say(f"traffic: {product.served} decisions served; waiting for feedback and traces to land")
         feedback_applied, traces = await settle(ctx, product, opt, store)
         endpoint = await retrying(lambda: get_endpoint(ctx, opt))
