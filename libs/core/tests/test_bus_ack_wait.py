@@ -71,3 +71,22 @@ async def test_an_existing_consumer_gets_the_new_ack_wait_and_topology_keeps_it(
         await again.ack()
     finally:
         await sub.unsubscribe()
+
+
+async def test_the_charts_setup_job_leaves_an_owners_settings_alone(nats_client, isolation, stack_env, monkeypatch):
+    """``python -m flywheel.core.bus declare`` runs before every upgrade; it creates what is
+    missing but must not put the catalogue's 30 s back on a consumer whose owner set 1 s."""
+    from flywheel.core.bus.__main__ import declare
+    from flywheel.core.settings import NatsSettings
+
+    js = nats_client.jetstream()
+    catalogue = Catalogue(isolation["namespace"])
+    await ensure_topology(js, catalogue)
+    owned = with_ack_wait(catalogue.consumer("optimizer-feedback"), 1.0)
+    await ensure_consumer(js, owned)
+    for key, value in stack_env.items():  # the admin's settings, as the job gets them
+        monkeypatch.setenv(key, value)
+    await declare(NatsSettings())
+    assert await _ack_wait_s(js, owned) == pytest.approx(1.0)
+    for spec in catalogue.consumers.values():  # and every other consumer now exists
+        assert (await js.consumer_info(spec.stream, spec.durable)).config.durable_name == spec.durable

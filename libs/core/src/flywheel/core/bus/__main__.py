@@ -3,9 +3,10 @@
 
 What the chart's JetStream setup Job runs (a pre-install/pre-upgrade hook) as the NATS admin,
 with the same ``FLYWHEEL_NATS_*`` settings as the services. Idempotent: existing streams are
-updated only where a declared setting changed, consumers created with the catalogue's config.
-Services still declare their own streams and consumers at start; with this done first, their
-NATS users can be denied stream creation.
+updated only where a declared setting changed, missing consumers created with the catalogue's
+config, existing ones left as their owners declared them (a service's ack-wait setting, say:
+an upgrade must not put the catalogue's back). Services still declare their own streams and
+consumers at start; with this done first, their NATS users can be denied stream creation.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ import argparse
 import asyncio
 
 from flywheel.api.subjects import Catalogue
-from flywheel.core.bus.connection import connect, ensure_consumer, ensure_topology
+from flywheel.core.bus.connection import connect, ensure_consumer_exists, ensure_topology
 from flywheel.core.settings import NatsSettings, load_settings
 
 
 async def declare(settings: NatsSettings) -> Catalogue:
-    """Declare the catalogue's streams, then every durable consumer; returns the catalogue."""
+    """Declare the catalogue's streams, then every durable consumer that is missing; returns the
+    catalogue."""
     catalogue = Catalogue(settings.namespace)
     nc = await connect(settings, name="admin")
     try:
         js = nc.jetstream()
         await ensure_topology(js, catalogue)
         for consumer in catalogue.consumers.values():
-            await ensure_consumer(js, consumer)
+            await ensure_consumer_exists(js, consumer)
     finally:
         await nc.close()
     return catalogue

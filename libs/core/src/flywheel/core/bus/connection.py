@@ -136,7 +136,15 @@ async def ensure_topology(js: JetStreamContext, catalogue: Catalogue) -> None:
     for spec in catalogue.streams.values():
         await ensure_stream(js, spec)
     for consumer in catalogue.interest_consumers():
-        try:
-            await js.consumer_info(consumer.stream, consumer.durable)
-        except NotFoundError:
-            await ensure_consumer(js, consumer)
+        await ensure_consumer_exists(js, consumer)
+
+
+async def ensure_consumer_exists(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Create the durable consumer with ``spec`` if it is missing; leave an existing one as it is.
+    For those declaring consumers they do not own (the topology every service declares, the
+    chart's setup job): the owner declares its own settings (``ensure_consumer``) as it starts,
+    and they must not be put back to the catalogue's by anyone else."""
+    try:
+        await js.consumer_info(spec.stream, spec.durable)
+    except NotFoundError:
+        await ensure_consumer(js, spec)
