@@ -7,12 +7,16 @@ the bench's three-arm endpoint, then writes batches of decisions shaped like ben
 (context ``{"lang": "en"}``, a user id, prebuilt params Structs) several ways, alternating, each
 batch new decisions:
 
-- ``unnest``: the statement the log used before issue 19's H4 (one ``INSERT ... SELECT FROM
-  unnest(...)`` with the contexts as one JSON array, ``ON CONFLICT DO NOTHING``, the endpoint's
-  decision clock advanced in the same statement), kept here as the reference;
+- ``arrays``: the log's first try before issue 20 (one ``INSERT ... SELECT FROM unnest(...)`` of
+  a text[]/float8[]/bool[]/timestamptz[] parameter per column, the contexts and features as one
+  JSON array, the endpoint's decision clock advanced in the same statement), kept here as the
+  reference: asyncpg's array encoder checks every element against ``collections.abc``;
 - ``copy``: binary COPY (asyncpg's ``copy_records_to_table``) and the clock's UPDATE in one
   transaction, the log's write at ffcacc1, kept here as the second reference;
-- ``log``: ``DecisionLog._insert`` as it is in the tree (PostgreSQL only);
+- ``json``: the log's first try statement as it is in the tree (``decisions._FIRST``, the rows
+  as one JSON parameter), on the same connection as ``arrays``;
+- ``log``: ``DecisionLog._insert`` as it is in the tree (PostgreSQL only: since issue 20 the
+  rows go as one JSON parameter);
 - ``log+bus`` (with ``--bus``): ``DecisionLog._write``, the whole flush: the rows, then the
   ``DecisionBatch`` messages on JetStream.
 
@@ -48,13 +52,57 @@ SCHEMA = "micro"
 ENDPOINT = "bench"
 
 
-async def unnest_insert(conn, batch) -> None:
-    """The reference: the log's one statement before issue 19's work (decisions.py at aab7854),
-    which the log still uses for a retried batch (unnest arrays, ON CONFLICT DO NOTHING, the
-    clock counted from the inserted rows)."""
-    from flywheel.optimizer.decisions import _INSERT_AND_COUNT, _columns
+# The first try's statement and parameters before issue 20 (decisions.py as of 399b462).
+_ARRAYS_FIRST = """
+WITH inserted AS (
+INSERT INTO decisions (decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
+                       context, features, sticky, created_at)
+SELECT r.decision_id, r.endpoint, r.arm_id, r.probability, r.user_id, r.session_id, r.segment,
+       j.value -> 0,
+       CASE WHEN json_typeof(j.value -> 1) = 'array'
+            THEN ARRAY(SELECT json_array_elements_text(j.value -> 1)::float8) END,
+       r.sticky, r.created_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::text[],
+            $8::bool[], $9::timestamptz[])
+     WITH ORDINALITY AS r(decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
+                          sticky, created_at, n)
+JOIN json_array_elements($10::json) WITH ORDINALITY AS j(value, n) USING (n)
+),
+locked AS (SELECT e.name, c.n FROM endpoints e JOIN unnest($11::text[], $12::int8[]) AS c(name, n) USING (name)
+           ORDER BY e.name FOR NO KEY UPDATE OF e)
+UPDATE endpoints SET decisions_total = endpoints.decisions_total + locked.n
+FROM locked WHERE endpoints.name = locked.name
+"""
 
-    await conn.execute(_INSERT_AND_COUNT, *_columns(batch))
+
+async def arrays_insert(conn, batch) -> None:
+    """The reference: the log's first try before issue 20, a parameter array per column."""
+    counts: dict[str, int] = {}
+    for d in batch:
+        counts[d.endpoint] = counts.get(d.endpoint, 0) + 1
+    columns = (
+        [d.decision_id for d in batch],
+        [d.endpoint for d in batch],
+        [d.arm_id for d in batch],
+        [d.probability for d in batch],
+        [d.user_id for d in batch],
+        [d.session_id for d in batch],
+        [d.segment for d in batch],
+        [d.sticky for d in batch],
+        [d.created_at for d in batch],
+        json.dumps([(d.context, d.features) for d in batch]),
+    )
+    await conn.execute(_ARRAYS_FIRST, *columns, list(counts), list(counts.values()))
+
+
+async def json_insert(conn, batch) -> None:
+    """The log's first try as it is in the tree, on the given connection."""
+    from flywheel.optimizer.decisions import _FIRST, _rows
+
+    counts: dict[str, int] = {}
+    for d in batch:
+        counts[d.endpoint] = counts.get(d.endpoint, 0) + 1
+    await conn.execute(_FIRST, *_rows(batch), list(counts), list(counts.values()))
 
 
 _COLUMNS = (
@@ -205,7 +253,7 @@ async def measure(servers: Servers, args: argparse.Namespace) -> int:
     postmaster = psutil.Process(servers.postgres.pid)
 
     async def reference(batch) -> None:
-        await unnest_insert(conn, batch)
+        await arrays_insert(conn, batch)
 
     async def tree(batch) -> None:
         assert await log._insert(batch) == []
@@ -226,7 +274,12 @@ async def measure(servers: Servers, args: argparse.Namespace) -> int:
     async def copy(batch) -> None:
         await copy_insert(conn, batch)
 
-    contestants = [("unnest", reference), ("copy", copy), ("log", tree)] + ([("log+bus", whole)] if args.bus else [])
+    async def as_json(batch) -> None:
+        await json_insert(conn, batch)
+
+    contestants = [("arrays", reference), ("json", as_json), ("copy", copy), ("log", tree)]
+    if args.bus:
+        contestants.append(("log+bus", whole))
     results: dict[str, dict[str, list[float]]] = {n: {"cpu": [], "pg": [], "wall": []} for n, _ in contestants}
     written = 0
     for b in range(args.batches + 2):  # the first two warm up (statements prepared, caches)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from datetime import timedelta
@@ -35,10 +36,11 @@ class FakeDriver:
     def check(self, user_ids: list[str]) -> None:
         """Raise as PostgreSQL would for these rows (subclasses refuse some)."""
 
-    async def execute(self, _sql: str, *columns: object) -> None:
+    async def execute(self, _sql: str, rows: str, *_rest: object) -> None:
         self.statements += 1
-        ids: list[str] = columns[0]  # type: ignore[assignment]
-        self.check(columns[4])  # type: ignore[arg-type]
+        parsed = json.loads(rows)  # the rows as the log sends them: one JSON array, a row an array
+        ids: list[str] = [row[0] for row in parsed]
+        self.check([row[4] for row in parsed])
         if "ON CONFLICT" in _sql:
             self.retries += 1
             self.inserted.extend(i for i in ids if i not in self.inserted)

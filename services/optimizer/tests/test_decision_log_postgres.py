@@ -7,6 +7,7 @@ the rest are written and counted."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -68,7 +69,8 @@ def new_log(engine, publisher: Publisher) -> DecisionLog:
 
 
 def decision(endpoint: str = "e1", **fields: object) -> Decision:
-    return Decision(decision_id=new_decision_id(), endpoint=endpoint, arm_id="a", params={}, probability=0.25, **fields)  # type: ignore[arg-type]
+    fields = {"arm_id": "a", "probability": 0.25, **fields}
+    return Decision(decision_id=new_decision_id(), endpoint=endpoint, params={}, **fields)  # type: ignore[arg-type]
 
 
 async def rows(engine) -> dict[str, tuple]:
@@ -166,3 +168,76 @@ async def test_a_row_postgresql_refuses_is_dead_lettered_and_the_rest_written_an
     assert set(await rows(engine)) == {d.decision_id for d in good}
     assert await clocks(engine) == {"e1": 64, "e2": 0}
     assert publisher.letters == [f"optimizer-decision-log:{bad.decision_id}"]
+
+
+async def test_contexts_are_stored_as_written_and_odd_values_as_before(engine):
+    """The rows travel as JSON since issue 20: a context keeps its text (key order, nulls,
+    escapes), features keep [] apart from NULL, a naive created_at is local time and a
+    non-finite probability is stored, as the parameter arrays stored them."""
+    log = new_log(engine, Publisher())
+    contexts = [
+        {"z": 1, "a": None, "ü": "☃", "q": "'\"\\", "nested": {"b": [None, 1.5], "a": {}}},
+        {},
+        {"n": None},
+    ]
+    made = [decision(context=c, features=f) for c, f in zip(contexts, ([], None, [1.5, 2.0]), strict=True)]
+    naive = datetime(2026, 11, 25, 3, 4, 5, 678901)  # no tzinfo
+    made.append(decision(created_at=naive))
+    made += [decision(probability=p) for p in (float("nan"), float("inf"), float("-inf"))]
+    log.record_many(made)
+    assert await log.flush() == len(made)
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            text("SELECT decision_id, context::text, features, created_at, probability::text FROM decisions")
+        )
+        stored = {r[0]: r[1:] for r in found}
+    for d in made[:3]:
+        assert stored[d.decision_id][0] == json.dumps(d.context)  # the text json.dumps wrote, not jsonb's
+        assert stored[d.decision_id][1] == d.features
+    assert stored[made[3].decision_id][2] == naive.astimezone(UTC)
+    assert [stored[d.decision_id][3] for d in made[4:]] == ["NaN", "Infinity", "-Infinity"]
+    assert await clocks(engine) == {"e1": len(made), "e2": 0}
+
+
+async def test_rows_that_json_or_postgresql_cannot_take_are_dead_lettered_and_the_rest_written(engine):
+    publisher = Publisher()
+    log = new_log(engine, publisher)
+    good = [decision() for _ in range(20)]
+    bad = [
+        decision(features=[1.0, float("nan")]),  # JSON has no NaN: the server refuses it
+        decision(context={"x": float("nan")}),  # a Struct may hold NaN; a json column may not
+        decision(arm_id="x" * 200),  # longer than the column
+        decision(session_id="s\x00"),  # jsonb, like text, holds no NUL
+    ]
+    log.record_many([*good[:7], bad[0], *good[7:12], bad[1], bad[2], *good[12:], bad[3]])
+    assert await log.flush() == 24
+    assert set(await rows(engine)) == {d.decision_id for d in good}
+    assert await clocks(engine) == {"e1": 20, "e2": 0}
+    assert sorted(publisher.letters) == sorted(f"optimizer-decision-log:{d.decision_id}" for d in bad)
+
+
+async def test_a_decision_for_an_endpoint_not_in_the_table_is_written_and_counts_on_no_clock(engine):
+    """Decisions have no foreign key to endpoints (one deleted meanwhile keeps its log): its rows
+    go in, and the clocks of the others advance by their own rows, on a first try and a retry."""
+    log = new_log(engine, Publisher())
+    made = [decision("e1"), decision("gone"), decision("e2"), decision("gone")]
+    log.record_many(made)
+    assert await log.flush() == 4
+    assert set(await rows(engine)) == {d.decision_id for d in made}
+    assert await clocks(engine) == {"e1": 1, "e2": 1}
+    again = [made[0], decision("gone"), decision("e2")]  # one written already: the retry's INSERT
+    assert await log._insert(again) == []
+    assert len(await rows(engine)) == 6
+    assert await clocks(engine) == {"e1": 1, "e2": 2}
+
+
+async def test_a_decision_id_twice_in_one_batch_is_written_and_counted_once(engine):
+    log = new_log(engine, Publisher())
+    first = decision()
+    twin = Decision(decision_id=first.decision_id, endpoint="e1", arm_id="b", params={}, probability=0.5)
+    others = [decision("e2") for _ in range(3)]
+    log.record_many([first, *others, twin])
+    assert await log.flush() == 5
+    stored = await rows(engine)
+    assert set(stored) == {first.decision_id, *(d.decision_id for d in others)}
+    assert await clocks(engine) == {"e1": 1, "e2": 3}

@@ -28,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
@@ -53,33 +54,37 @@ log = get_logger(__name__)
 # Where decisions that can never be written or published go, with the reason.
 DEAD_LETTER_NAME = "optimizer-decision-log"
 
-# A batch's first try: one plain INSERT of the rows as arrays (a column per parameter, unnested
-# in the server; context and features as one JSON array for the whole batch, one json.dumps
-# instead of one a row), with the decision clock's increments (counted here) in the same
-# statement, so rows and clock commit together. One statement, one round trip: under load the
-# event loop waits for the GIL after each round trip (the sync server's 8 workers hold it), and
-# a binary COPY in a transaction (5 round trips), though cheaper in CPU, wrote a batch about 2x
-# slower there (bench/select/flush_micro.py --busy-threads 8). No ON CONFLICT: its speculative
-# insertion costs PostgreSQL CPU on every row, and a decision id is new on a first try (random);
-# if one is not, the statement fails whole and the retry's INSERT below skips it. Endpoint rows
-# are locked in name order: two replicas cannot deadlock.
+# A batch's first try: one plain INSERT of the rows, sent as two parameters, both made by one
+# json.dumps each (in C) and taken apart in the server: the rows as a jsonb array of arrays,
+# and their contexts as a json array (``json``, not jsonb, so each context is stored as the
+# text json.dumps wrote: jsonb would reorder its keys). The decision clock's increments
+# (counted here) go in the same statement, so rows and clock commit together. One statement,
+# one round trip: under load the event loop waits for the GIL after each round trip (the sync
+# server's 8 workers hold it), and a binary COPY in a transaction (5 round trips), though
+# cheaper in CPU, wrote a batch about 2x slower there (bench/select/flush_micro.py
+# --busy-threads 8). Until issue 20 the rows went as a text[]/float8[]/... parameter per
+# column: asyncpg's array encoder checks every element against collections.abc's ABCs (about
+# 15 isinstance calls through ABCMeta a row, 14% of the event loop's samples under
+# bench/select's load); as JSON the rows cost the event loop half the CPU per decision in
+# batches of 1,000 and a quarter less in batches of 50, and PostgreSQL no more
+# (flush_micro.py). created_at goes as integer microseconds since the epoch (exact: interval *
+# int8 is exact below 2**53 us, the year 2255). No ON CONFLICT: its
+# speculative insertion costs PostgreSQL CPU on every row, and a decision id is new on a first
+# try (random); if one is not, the statement fails whole and the retry's INSERT below skips
+# it. Endpoint rows are locked in name order: two replicas cannot deadlock.
 _ROWS = """
 INSERT INTO decisions (decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
                        context, features, sticky, created_at)
-SELECT r.decision_id, r.endpoint, r.arm_id, r.probability, r.user_id, r.session_id, r.segment,
-       j.value -> 0,
-       CASE WHEN json_typeof(j.value -> 1) = 'array'
-            THEN ARRAY(SELECT json_array_elements_text(j.value -> 1)::float8) END,
-       r.sticky, r.created_at
-FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::text[],
-            $8::bool[], $9::timestamptz[])
-     WITH ORDINALITY AS r(decision_id, endpoint, arm_id, probability, user_id, session_id, segment,
-                          sticky, created_at, n)
-JOIN json_array_elements($10::json) WITH ORDINALITY AS j(value, n) USING (n)
+SELECT r ->> 0, r ->> 1, r ->> 2, (r ->> 3)::float8, r ->> 4, r ->> 5, r ->> 6, c.context,
+       CASE WHEN jsonb_typeof(r -> 7) = 'array'
+            THEN ARRAY(SELECT jsonb_array_elements_text(r -> 7)::float8) END,
+       (r ->> 8)::bool, timestamptz 'epoch' + (r ->> 9)::int8 * interval '1 microsecond'
+FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS j(r, n)
+JOIN json_array_elements($2::json) WITH ORDINALITY AS c(context, n) USING (n)
 """
 _FIRST = f"""
 WITH inserted AS ({_ROWS}),
-locked AS (SELECT e.name, c.n FROM endpoints e JOIN unnest($11::text[], $12::int8[]) AS c(name, n) USING (name)
+locked AS (SELECT e.name, c.n FROM endpoints e JOIN unnest($3::text[], $4::int8[]) AS c(name, n) USING (name)
            ORDER BY e.name FOR NO KEY UPDATE OF e)
 UPDATE endpoints SET decisions_total = endpoints.decisions_total + locked.n
 FROM locked WHERE endpoints.name = locked.name
@@ -178,6 +183,7 @@ class DecisionLog:
         # One connection held for the log's lifetime: a pool checkout per flush (with its
         # pre-ping round trip) cost more than the INSERT of a typical 20 ms batch.
         self._conn: AsyncConnection | None = None
+        self._driver: Any = None  # its asyncpg connection
         self._publisher = publisher
         self._catalogue = catalogue
         self._interval = flush_interval_s
@@ -273,8 +279,14 @@ class DecisionLog:
         self._loop_thread = threading.get_ident()
         while True:
             await self._until_nonempty()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._full.wait(), self._interval)
+            # Until the interval ends or the buffer fills. A timer that sets the event, rather
+            # than asyncio.wait_for (a task, its timeout and callbacks each time): about 20 us
+            # less of the loop's CPU a flush (bench/select/README.md).
+            timer = self._loop.call_later(self._interval, self._full.set)
+            try:
+                await self._full.wait()
+            finally:
+                timer.cancel()
             self._full.clear()
             try:
                 await self.flush()
@@ -353,7 +365,7 @@ class DecisionLog:
             await self._drop_connection()
 
     async def _drop_connection(self, *, broken: bool = False) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._driver = self._conn, None, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 if broken:  # never hand a connection in an unknown state back to the pool
@@ -382,15 +394,16 @@ class DecisionLog:
         if self._conn is None:
             self._conn = await self._engine.connect()
         try:
-            raw = await self._conn.get_raw_connection()
-            driver = raw.driver_connection
+            driver = self._driver
+            if driver is None:  # looked up once per connection (a greenlet hop each time otherwise)
+                driver = self._driver = (await self._conn.get_raw_connection()).driver_connection
             if retry:
-                await driver.execute(_INSERT_AND_COUNT, *_columns(batch))  # type: ignore[union-attr]
+                await driver.execute(_INSERT_AND_COUNT, *_rows(batch))
             else:
                 counts: dict[str, int] = {}
                 for d in batch:
                     counts[d.endpoint] = counts.get(d.endpoint, 0) + 1
-                await driver.execute(_FIRST, *_columns(batch), list(counts), list(counts.values()))  # type: ignore[union-attr]
+                await driver.execute(_FIRST, *_rows(batch), list(counts), list(counts.values()))
         except Exception as exc:
             if not retry and _duplicate(exc):
                 # A row already written (never by this log's first try: ids are random): write
@@ -504,19 +517,57 @@ class DecisionLog:
         return [message]
 
 
-def _columns(batch: list[Decision]) -> tuple[object, ...]:
-    """``_INSERT``'s parameters: a list per column; context and features as one JSON array."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _rows(batch: list[Decision]) -> tuple[str, str]:
+    """``_ROWS``'s parameters: the rows as one JSON array (a row an array, its columns in order,
+    the context left out) and the contexts as another."""
+    try:  # every timestamp aware and every number finite: one C-encoded dumps
+        rows = json.dumps(
+            [
+                (
+                    d.decision_id,
+                    d.endpoint,
+                    d.arm_id,
+                    d.probability,
+                    d.user_id,
+                    d.session_id,
+                    d.segment,
+                    d.features,
+                    d.sticky,
+                    (d.created_at - _EPOCH) // _MICROSECOND,
+                )
+                for d in batch
+            ],
+            allow_nan=False,
+        )
+    except (TypeError, ValueError):
+        rows = json.dumps([_row(d) for d in batch])
+    return rows, json.dumps([d.context for d in batch])
+
+
+def _row(d: Decision) -> tuple[object, ...]:
+    """One row stored as the parameter arrays stored it before issue 20: a naive created_at is
+    local time (asyncpg's rule), a non-finite probability PostgreSQL's 'NaN' or 'Infinity'. NaN
+    in the features (JSON has none) is refused by the server, as it was: the batch is bisected
+    and the row dead-lettered."""
+    p = d.probability
+    if isinstance(p, float) and not math.isfinite(p):
+        p = "NaN" if math.isnan(p) else ("Infinity" if p > 0 else "-Infinity")
+    created = d.created_at if d.created_at.tzinfo is not None else d.created_at.astimezone(UTC)
     return (
-        [d.decision_id for d in batch],
-        [d.endpoint for d in batch],
-        [d.arm_id for d in batch],
-        [d.probability for d in batch],
-        [d.user_id for d in batch],
-        [d.session_id for d in batch],
-        [d.segment for d in batch],
-        [d.sticky for d in batch],
-        [d.created_at for d in batch],
-        json.dumps([(d.context, d.features) for d in batch]),
+        d.decision_id,
+        d.endpoint,
+        d.arm_id,
+        p,
+        d.user_id,
+        d.session_id,
+        d.segment,
+        d.features,
+        d.sticky,
+        (created - _EPOCH) // _MICROSECOND,
     )
 
 
