@@ -210,8 +210,8 @@ async def test_the_fold_lag_is_timed_from_the_commit_or_the_notice_to_the_snapsh
     assert (await cache.caught_up("bot")).stats.w.tolist() == [1, 1]
     (own_sum2, own_n2), (peer_sum2, peer_n2) = lag_count("own"), lag_count("peer")
     assert own_n2 == own_n + 1 and peer_n2 == peer_n + 1
-    assert 0 <= own_sum2 - own_sum < 0.2  # one rebuild
-    assert 0.2 <= peer_sum2 - peer_sum < 0.4
+    assert 0 <= own_sum2 - own_sum < 1.0  # one rebuild (generous: a loaded machine)
+    assert 0.2 <= peer_sum2 - peer_sum < 1.2  # timed from when the peer sent it
     # A notification without the moment it was sent (an older replica) is folded, not timed.
     cache.notice(Notice("r2", "bot", batch(12, "b", 0.0).folds()["bot"]))
     assert (await cache.caught_up("bot")).stats.w.tolist() == [1, 2]
