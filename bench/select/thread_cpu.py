@@ -2,6 +2,7 @@
 
     python bench/select/thread_cpu.py [--load select|batch|idle] [--seconds 8] [--target flywheel|echo|mabwiser]
     python bench/select/thread_cpu.py --diffs change.diff [--rounds 5] [--rate 1500]
+    python bench/select/thread_cpu.py --variant f40:DECISION_FLUSH_INTERVAL_S=0.04 --rate 2000 --rounds 5
 
 Starts NATS, PostgreSQL and S3 on core 0 and the optimizer on core 1, exactly as run.py does,
 puts h2load's saturated Select (or SelectBatch of 100) load on it, and reads every thread's
@@ -14,8 +15,9 @@ echo spin N us of Python per Select: how much CPU a handler's own work really co
 server. ``--diffs`` also runs the optimizer with each diff applied (the stages of variants.py:
 a copy of the sources, patched, first on its PYTHONPATH), alternating with it as is for
 ``--rounds`` rounds on the same stack, and prints the medians per thread kind: a paired A/B
-of a change's cost in each thread. ``--rate N`` holds the load at N Select/s instead of
-saturating the server, so every target makes the same decisions per second.
+of a change's cost in each thread; ``--variant NAME:KEY=VALUE`` does the same for settings.
+``--rate N`` holds the load at N Select/s instead of saturating the server, so every target
+makes the same decisions per second.
 
 Per-thread accounting is the ground truth that sampling profilers only estimate: py-spy's
 GIL-holder mode credited the event loop with time it never used.
@@ -65,6 +67,14 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every target, alternating")
     parser.add_argument(
+        "--variant",
+        dest="variants",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="also the optimizer as is with these FLYWHEEL_OPTIMIZER_* settings (as variants.py --variant)",
+    )
+    parser.add_argument(
         "--rate",
         type=float,
         default=None,
@@ -82,6 +92,9 @@ def main() -> int:
             import variants  # bench/select/variants.py: the patched copies of the sources
 
             makers = [("as is", lambda: variants.Variant(work, env, "as is", None))]
+            for text in args.variants:
+                name, settings = variants.setting_variant(text)
+                makers.append((name, lambda n=name, x=settings: variants.Variant(work, env, n, None, x)))
             for name, overlay, extra in variants.build_stages(work, args.diffs):
                 makers.append((f"+ {name}", lambda n=name, o=overlay, x=extra: variants.Variant(work, env, n, o, x)))
         else:
