@@ -62,12 +62,16 @@ ENDPOINT_CHARS = 64
 # The decisions and their endpoints in one round trip: the endpoint's columns come with the
 # first decision of each endpoint only (NULL on the others, and endpoint_name NULL on that
 # first row when the endpoint is gone), so each endpoint's JSON is decoded once per batch.
+# The batch's ids are joined to the primary key, one probe per id. ``decision_id = ANY(:ids)``
+# was planned as a sequential scan on a young table (statistics from when it was small), at
+# O(rows x ids): 231 ms for a batch of ~650 ids against 11 ms for ~400 this way, and a slow
+# lookup under a backlog made the next batches bigger (bench/service-regret/README.md).
 _DECISIONS = text(
     "SELECT d.decision_id, d.endpoint, d.arm_id, d.segment, d.features, d.created_at, d.n, "
     "e.name AS endpoint_name, e.policy_kind, e.policy, e.reward_spec, e.decisions_total "
-    "FROM (SELECT decision_id, endpoint, arm_id, segment, features, created_at, "
-    "row_number() OVER (PARTITION BY endpoint) AS n "
-    "FROM decisions WHERE decision_id = ANY(CAST(:ids AS text[]))) AS d "
+    "FROM (SELECT x.decision_id, x.endpoint, x.arm_id, x.segment, x.features, x.created_at, "
+    "row_number() OVER (PARTITION BY x.endpoint) AS n "
+    "FROM unnest(CAST(:ids AS text[])) AS i(id) JOIN decisions AS x ON x.decision_id = i.id) AS d "
     "LEFT JOIN endpoints AS e ON e.name = d.endpoint AND d.n = 1"
 ).columns(policy=JSON, reward_spec=JSON)
 # The inserted event ids come back as one array in one row: the driver decodes it in C,
