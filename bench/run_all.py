@@ -152,7 +152,8 @@ BENCHES: list[Bench] = [
             "smoke": Mode(("--quick", "--seeds", "500-501"), 10),
             "quick": Mode(("--quick",), 18),
             "seeds4": Mode(("--seeds", "500-503"), 45),  # all 7 tables, 4 seeds: what the README quotes
-            "full": Mode((), 150),
+            # Finished runs go to a rows file, so a stopped run resumes (llm-config/run.py rows_done).
+            "full": Mode(("--rows", "{results}/logs/llm-config-full-rows.jsonl"), 150),
         },
         peers=("optuna", "scipy"),
     ),
@@ -164,7 +165,8 @@ BENCHES: list[Bench] = [
             "quick": Mode(("--quick",), 35),
             # Finished problems go to a rows file, so a run stopped at the end of a sitting
             # resumes (rows of other code or settings are not reused: bbob/run.py load_rows).
-            "full": Mode(("--rows", "{results}/logs/bbob-full-rows.jsonl"), 240),
+            # 48 problems (dim 3, instances 16-17): 40 min on 2026-11-25, optuna_gp 95 s a problem.
+            "full": Mode(("--rows", "{results}/logs/bbob-full-rows.jsonl"), 40),
         },
         peers=("optuna", "cmaes", "coco-experiment", "scipy"),
         optional=("torch",),

@@ -39,7 +39,7 @@ import numpy as np
 import optuna
 import world
 
-from flywheel.stack.benchstamp import write_results
+from flywheel.stack.benchstamp import code_inputs, write_results
 
 BUDGET = 4800
 METHODS = ("flywheel", "flywheel_no_racing", "optuna_tpe_wilcoxon", "optuna_tpe", "random")
@@ -215,6 +215,26 @@ def reused(path: Path, tables: list[str], seeds: list[int]) -> dict[tuple[str, i
     return out
 
 
+def rows_done(path: Path | None, code: str, tables: list[str], seeds: list[int]) -> dict[tuple[str, int, str], Any]:
+    """Finished runs from a ``--rows`` file (one JSON line per (table, seed, method)), only those
+    of the same code (``benchstamp.code_inputs`` digest) and protocol: a run stopped at the end
+    of a sitting resumes without mixing in runs of other code."""
+    if path is None or not path.exists():
+        return {}
+    out, other = {}, 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("code") != code or r.get("protocol") != json.loads(json.dumps(protocol())):
+            other += 1
+        elif r["table"] in tables and r["seed"] in seeds:
+            out[r["table"], r["seed"], r["method"]] = r["out"]
+    if other:
+        print(f"{path}: {other} runs of other code or protocol are not reused", file=sys.stderr)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"tables {', '.join(QUICK_TABLES)}, seeds 500-503")
@@ -228,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="an earlier results JSON of the same protocol: its (table, seed, method) runs are not run again",
     )
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        default=None,
+        help="JSON-lines file of finished runs: those of the same code are not run again, new ones appended",
+    )
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds or ("500-503" if args.quick else SCORING_SEEDS))
     if used := sorted(set(seeds) & USED_SEEDS):
@@ -240,13 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     # Slowest jobs first so the pool's tail stays short.
     order = {"optuna_tpe_wilcoxon": 0, "flywheel": 1, "flywheel_no_racing": 2, "optuna_tpe": 3, "random": 4}
     done = reused(args.reuse, tables, seeds) if args.reuse else {}
+    code = code_inputs()["digest"]
+    done.update(rows_done(args.rows, code, tables, seeds))
     jobs = sorted(
         ((n, s, m) for n in tables for s in seeds for m in METHODS if (n, s, m) not in done),
         key=lambda j: order[j[2]],
     )
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {(n, m): [] for n in tables for m in METHODS}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        done.update({(n, s, m): out for n, s, m, out in pool.map(run_one, jobs)})
+        for n, s, m, out in pool.map(run_one, jobs):
+            done[n, s, m] = out
+            if args.rows:
+                line = {"table": n, "seed": s, "method": m, "code": code, "protocol": protocol(), "out": out}
+                with args.rows.open("a") as fh:
+                    fh.write(json.dumps(line) + "\n")
     for n in tables:
         for m in METHODS:
             rows[n, m] = [{"seed": s, **done[n, s, m]} for s in seeds]
