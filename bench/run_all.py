@@ -390,6 +390,8 @@ def earlier_run(path: Path, commit: str, results: Path, repo: Path) -> dict[str,
         return {}
     try:
         figures = json.loads(path.read_text())["figures"]
+        if not isinstance(figures, dict) or not isinstance(figures.get("benches"), dict):
+            raise TypeError("figures.benches is not an object")
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a run manifest ({exc}); remove it or run without --append") from exc
     if "waves" not in figures:  # a manifest written before waves: one wave

@@ -249,3 +249,13 @@ def test_results_written_in_the_repo_do_not_make_the_next_bench_dirty(fake) -> N
     figures = json.loads((results / "run.json").read_text())["figures"]
     assert figures["dirty"] is False
     assert ra.dirty_files(repo) == ["bench/results/good.json"]  # without the results folder it would count
+
+
+@pytest.mark.parametrize("manifest", ["not json", '{"figures": "nope"}', '{"figures": {"benches": []}}', "[]"])
+def test_append_to_something_that_is_not_a_manifest_is_refused(fake, capsys, manifest: str) -> None:
+    ra, _repo, root, results = fake
+    results.mkdir(parents=True)
+    (results / "run.json").write_text(manifest)
+    assert ra.main(_args(root, results, "--only", "good", "--mode", "quick", "--append")) == 2
+    assert "is not a run manifest" in capsys.readouterr().err
+    assert (results / "run.json").read_text() == manifest  # left as it was
