@@ -72,14 +72,31 @@ def point(endpoint: ep_pb.Endpoint, arm: str, decision: int, share: float) -> di
     }
 
 
-async def registry_follows(
-    trainer: pb_grpc.TrainerServiceStub, policy_id: str, want: int, *, timeout_s: float = 60.0
-) -> jobs.Policy:
+async def verdict_and_registry(
+    ctx: StoryContext,
+    opt: grpc.aio.Channel,
+    trainer: pb_grpc.TrainerServiceStub,
+    arm: str,
+    policy_id: str,
+    decision: str,
+    *,
+    timeout_s: float = 60.0,
+) -> tuple[str, ep_pb.Endpoint, jobs.Policy]:
+    """The verdict once the registry agrees with it: (decision, the endpoint read with it, the
+    policy). The optimizer's lifecycle judges canaries on its own ticks, so an "undecided"
+    stage can be decided by a tick after its last look (on the feedback applied while
+    settling): each round reads the arm first, takes a verdict it finds, then waits for the
+    registry to follow that verdict."""
     deadline = time.monotonic() + timeout_s
     while True:
+        endpoint = await retrying(lambda: get_endpoint(ctx, opt))
+        status = arm_status(endpoint, arm)
+        if decision == "undecided" and status in DECISIONS:
+            decision = DECISIONS[status]
+        want = REGISTRY[decision]
         policy = (await retrying(lambda: trainer.GetPolicy(pb.GetPolicyRequest(policy_id=policy_id)))).policy
         if policy.status == want:
-            return policy
+            return decision, endpoint, policy
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"policy {policy_id}: status {jobs.PolicyStatus.Name(policy.status)} after {timeout_s:.0f} s, "
@@ -136,8 +153,10 @@ async def canary(ctx: StoryContext) -> None:
                     bar.update(completed=most, note=decision)
                     break
         feedback_applied, traces = await settle(ctx, product, opt, store, already=earlier)
-        endpoint = await retrying(lambda: get_endpoint(ctx, opt))
-        policy = await registry_follows(trainer, policy_id, REGISTRY[decision])
+        looked = decision
+        decision, endpoint, policy = await verdict_and_registry(ctx, opt, trainer, arm, policy_id, decision)
+        if decision != looked:  # decided after the stage's last look: the timeline ends with it
+            timeline.append(point(endpoint, arm, product.served, sum(recent) / max(1, len(recent))))
     ctx.record.canary = {
         "seconds": round(time.monotonic() - began, 2),
         "arm_id": arm,
