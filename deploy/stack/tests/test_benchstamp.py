@@ -98,6 +98,7 @@ def repo(tmp_path: Path) -> Path:
         "services/opt/src/fw/opt/search/lazy.py",
         "bench/b/run.py",
         "bench/b/peers.txt",
+        "bench/b/README.md",
         "libs/core/src/fw/core/db.py",
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -160,3 +161,16 @@ def test_the_stamp_records_the_code_it_ran() -> None:
     inputs = benchstamp.stamp({})["stamp"]["inputs"]
     assert inputs["digest"] and inputs["files"] > 0
     assert "deploy/stack/src/flywheel/stack/benchstamp.py" not in inputs["modules"]  # the stamping itself
+
+
+def test_a_bench_readme_is_not_code_but_an_old_stamp_keeps_its_rule(repo: Path) -> None:
+    stamp = {"inputs": _inputs(repo, "bench/b/run.py")}
+    assert stamp["inputs"]["rule"] == benchstamp.INPUTS_RULE == 2
+    old = {"inputs": {**stamp["inputs"], "rule": 1}}  # as stamped before Markdown was left out
+    old["inputs"]["digest"] = benchstamp._digest(benchstamp._blobs(root=repo), old["inputs"])
+    head = _git(repo, "rev-parse", "HEAD")
+    assert benchstamp.same_code(stamp, head, root=repo) and benchstamp.same_code(old, head, root=repo)
+    (repo / "bench/b/README.md").write_text("figures of the latest run\n")
+    edited = _commit(repo, "the bench's README")
+    assert benchstamp.same_code(stamp, edited, root=repo) is True  # prose changes no figure
+    assert benchstamp.same_code(old, edited, root=repo) is False  # the first rule counted it

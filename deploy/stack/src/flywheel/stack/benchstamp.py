@@ -64,7 +64,14 @@ def _blobs(commit: str | None = None, root: Path = ROOT) -> dict[str, str]:
     return blobs
 
 
+# Which files a digest covers. 1: the first rule. 2: the same without Markdown files, whose edits
+# (a bench's README) change no figure. A stamp keeps the rule it was made with.
+INPUTS_RULE = 2
+
+
 def _selected(path: str, inputs: dict[str, Any]) -> bool:
+    if inputs.get("rule", 1) >= 2 and path.endswith(".md"):
+        return False
     return (
         path in inputs["modules"]
         or (path.rsplit("/", 1)[0] in inputs["module_dirs"] and path.endswith(".py"))
@@ -82,9 +89,9 @@ def code_inputs(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dic
     whose copy of that code is identical (``same_code``): every loaded module file of the
     repository, the other modules beside each (a lazy import of a sibling), the running
     bench's folder whole, and, when the process can start services or servers (``SPAWNERS``),
-    all of ``CODE_TREES``. ``digest`` hashes those files' paths and git blob ids;
-    ``untracked`` lists loaded files git does not know (a result that ran one matches no
-    commit)."""
+    all of ``CODE_TREES``; Markdown files left out (``INPUTS_RULE``). ``digest`` hashes those
+    files' paths and git blob ids; ``untracked`` lists loaded files git does not know (a result
+    that ran one matches no commit)."""
     modules = sys.modules if modules is None else modules
     loaded: set[str] = set()
     module_dirs: set[str] = set()
@@ -104,7 +111,12 @@ def code_inputs(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dic
             folders.add(Path(*rel.parts[:2]).as_posix())
     if any(name in modules for name in SPAWNERS):
         folders.update(CODE_TREES)
-    inputs: dict[str, Any] = {"modules": sorted(loaded), "module_dirs": sorted(module_dirs), "folders": sorted(folders)}
+    inputs: dict[str, Any] = {
+        "rule": INPUTS_RULE,
+        "modules": sorted(loaded),
+        "module_dirs": sorted(module_dirs),
+        "folders": sorted(folders),
+    }
     blobs = _blobs(root=root)
     inputs["untracked"] = sorted(loaded - set(blobs))
     inputs["digest"] = _digest(blobs, inputs)
