@@ -138,7 +138,9 @@ def permissions_section(catalogue: Catalogue) -> str:
         "`flywheel.api.subjects.ROLES`; anything not listed is refused by the server (a publish is dropped and "
         "never acked, a subscription gets no messages). A service reads only through its own durable consumers "
         "(`$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>`, `$JS.ACK.<stream>.<durable>.>`) and receives replies and "
-        "pulled messages on its own inbox prefix, which no other user may subscribe to. A product's user "
+        "pulled messages on its own inbox prefix, which no other user may subscribe to. The optimizer also "
+        "receives feedback as it is published, on a plain subscription without acks (its provisional folds, "
+        'services/optimizer/README.md "Posterior freshness"): read-only, it settles nothing. A product\'s user '
         "subscribes only to `_INBOX.>`, where JetStream sends the acks of its publishes. "
         "`flywheel-stack nats-permissions --namespace NS` prints the exact allow-lists as nats-server "
         "`authorization.users` (see docs/security.md for the Helm chart).\n\n"

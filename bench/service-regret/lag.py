@@ -22,7 +22,11 @@ decisions together):
   its decision was still in the other replica's buffer, the deferral included; ``deferred`` counts them);
 - ``fold_own``: the replica's commit -> the snapshot its Select samples from has the increments;
 - ``fold_peer`` (two replicas): the other replica's NOTIFY sent (its transaction's last
-  statement, just before its commit) -> this replica's snapshot has them: the cross-replica hop.
+  statement, just before its commit) -> this replica's snapshot has them: the cross-replica hop;
+- ``provisional``: the SDK published the feedback (its ``meta.time``) -> the snapshot of the
+  replica that made the decision has it folded provisionally (``provisional.py``), before any
+  transaction: what that replica's Select waits for when the provisional fold is on;
+  ``delivered``, its first part: published -> received on that replica's subscription.
 
 The consumer's stages come from the replicas' ``flywheel_event_lag_seconds`` histogram (one event
 in 8), the folds from ``flywheel_optimizer_posterior_fold_lag_seconds{source}`` (one observation
@@ -65,8 +69,9 @@ CONSUMER = "optimizer-feedback"
 INF = float("inf")
 LAG = "flywheel_event_lag_seconds"
 FOLD_LAG = "flywheel_optimizer_posterior_fold_lag_seconds"
+DELIVERED = "flywheel_optimizer_provisional_delivery_seconds"
 STAGES = ("busy", "fetch", "queue", "handle", "ack", "total")
-FOLDS = {"fold_own": "own", "fold_peer": "peer"}  # stage name -> the fold histogram's source
+FOLDS = {"fold_own": "own", "fold_peer": "peer", "provisional": "provisional"}  # stage -> the fold histogram's source
 DEFERRED = "flywheel_optimizer_feedback_deferred_total"
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -74,7 +79,9 @@ QUANTILES = (0.5, 0.9, 0.99)
 def buckets(text: str, stage: str, consumer: str = CONSUMER) -> dict[float, float]:
     """Cumulative bucket counts {upper bound: count} of one stage: of ``flywheel_event_lag_seconds``,
     or for ``fold_own`` / ``fold_peer`` of ``flywheel_optimizer_posterior_fold_lag_seconds``."""
-    if stage in FOLDS:
+    if stage == "delivered":
+        name, want = DELIVERED, {}
+    elif stage in FOLDS:
         name, want = FOLD_LAG, {"source": FOLDS[stage]}
     else:
         name, want = LAG, {"consumer": consumer, "stage": stage}
@@ -89,7 +96,7 @@ def buckets(text: str, stage: str, consumer: str = CONSUMER) -> dict[float, floa
 def scrape_all(ports: list[int]) -> list[dict[str, dict[float, float]]]:
     """Every stage's cumulative buckets, per replica."""
     texts = [scrape(port) for port in ports]
-    return [{s: buckets(text, s) for s in (*STAGES, *FOLDS)} for text in texts]
+    return [{s: buckets(text, s) for s in (*STAGES, *FOLDS, "delivered")} for text in texts]
 
 
 def minus(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
@@ -171,7 +178,7 @@ async def measure(
         "per_replica": [
             {
                 s: Raw(stages={s: replica[s]}, rates=[result.rate]).summary()[s]
-                for s in ("total", "fold_own", "fold_peer")
+                for s in ("total", "fold_own", "fold_peer", "provisional")
             }
             for replica in mine
         ],
@@ -208,14 +215,14 @@ class Raw:
 def table(rows: list[dict[str, Any]]) -> str:
     """One line per (variant, mode, stage): the quantiles in ms and in decisions, and the count."""
     lines = [
-        f"{'variant':<10}{'mode':<14}{'rate/s':>8}  {'stage':<8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'variant':<10}{'mode':<14}{'rate/s':>8}  {'stage':<12}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
         f"{'p50 dec':>9}{'p90 dec':>9}{'p99 dec':>9}{'n':>7}"
     ]
     for r in rows:
         for stage, st in r["stages"].items():
             cells = [st.get(f"p{p}_{u}") for u in ("ms", "decisions") for p in (50, 90, 99)]
             text = "".join(f"{'-' if c is None else c:>9}" for c in cells)
-            lines.append(f"{r['variant']:<10}{r['mode']:<14}{r['rate']:>8}  {stage:<8}{text}{st['count']:>7}")
+            lines.append(f"{r['variant']:<10}{r['mode']:<14}{r['rate']:>8}  {stage:<12}{text}{st['count']:>7}")
     return "\n".join(lines)
 
 

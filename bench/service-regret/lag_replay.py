@@ -23,7 +23,10 @@ at p99, so the tail is, if anything, understated), plus the commit -> the replic
 two-replica mode is played as two replicas of the policy (`inprocess.run_replicas`): decision t
 by replica t % 2, each reward applied by one of them drawn at random (their shared consumer
 splits the feedback) and reaching the other one `fold_peer` later instead of `fold_own` (the
-NOTIFY hop: sent just before the commit -> the other's snapshot has it). Results are stamped
+NOTIFY hop: sent just before the commit -> the other's snapshot has it). When the mode measured
+provisional folds (`provisional` stage: published -> the deciding replica's snapshot has it), the
+replica that made a decision gets its reward after that draw instead, for the measured share of
+the events. Results are stamped
 with `flywheel.stack.benchstamp` (commit, date, machine, command).
 
     python bench/service-regret/lag_replay.py --lags 10 --seeds 100 --measured bench/results/service-regret-lag.json
@@ -70,22 +73,29 @@ def quantile_sampler(stage: dict[str, float]) -> Any:
 def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
     """{mode: {"replicas": n, "stages": {"sdk": stage, "total": stage, ["fold_own": stage,]
     ["fold_peer": stage]}}} from a `lag.py` results file: its repeats pooled, for its default
-    variant (or the first by name). ``fold_own`` is kept when the file measured it (older files
-    did not), ``fold_peer`` for the two-replica modes, which need it."""
+    variant; a file of several named variants (``lag.py --variant``) gives every variant's modes,
+    as ``variant:mode``. ``fold_own`` is kept when the file measured it (older files did not),
+    ``fold_peer`` for the two-replica modes, which need it, ``provisional`` when measured."""
     rows = json.loads(path.read_text())["pooled"]
     variants = {r["variant"] for r in rows}
-    keep = "default" if "default" in variants else sorted(variants)[0]
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        if r["variant"] != keep:
+        if "default" in variants and r["variant"] != "default":
             continue
+        name = r["mode"] if len(variants) == 1 or "default" in variants else f"{r['variant']}:{r['mode']}"
         replicas = int(r.get("replicas") or (2 if str(r["mode"]).startswith("2rep") else 1))
         names = ["sdk", "total"]
         if (r["stages"].get("fold_own") or {}).get("count"):
             names.append("fold_own")
         if replicas > 1:
             names.append("fold_peer")  # a KeyError when missing: not a two-replica lag.py row
-        out[r["mode"]] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
+        found: dict[str, Any] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
+        provisional = r["stages"].get("provisional") or {}
+        if provisional.get("count"):
+            found["stages"]["provisional"] = provisional
+            # The share of the events folded provisionally (each event's publish is one sdk count).
+            found["provisional_share"] = min(1.0, provisional["count"] / max(1.0, r["stages"]["sdk"]["count"]))
+        out[name] = found
     return out
 
 
@@ -98,20 +108,32 @@ def measured_extra(stages: dict[str, dict[str, float]], horizon: int, rng: np.ra
     return np.rint(total).astype(np.int64)
 
 
-def measured_extras(mode: dict[str, Any], horizon: int, rng: np.random.Generator) -> np.ndarray:
+def measured_extras(
+    mode: dict[str, Any], horizon: int, rng: np.random.Generator, *, segmented: bool = False
+) -> np.ndarray:
     """Each replica's extra lag for each reward, shape (replicas, T). One replica: as
     `measured_extra`. Two: the replica that applies a reward (drawn at random) gets it as one
     replica would; the other one gets it ``fold_peer`` after the stored -> applied instead of
-    ``fold_own``."""
+    ``fold_own``. When the mode measured provisional folds, the replica that made the decision
+    (decision t: replica t % 2) gets its reward after a ``provisional`` draw instead, for the
+    measured share of the events (the rest as above); not in a ``segmented`` world, whose
+    segment posteriors learn only at the commit."""
     stages = mode["stages"]
     if mode["replicas"] == 1:
-        return measured_extra(stages, horizon, rng)[None, :]
-    applied = quantile_sampler(stages["sdk"])(rng, horizon) + quantile_sampler(stages["total"])(rng, horizon)
-    own = applied + (quantile_sampler(stages["fold_own"])(rng, horizon) if "fold_own" in stages else 0.0)
-    peer = applied + quantile_sampler(stages["fold_peer"])(rng, horizon)
-    applier = rng.integers(0, 2, size=horizon)
-    extra = np.where(applier == 0, [own, peer], [peer, own])
-    return np.rint(extra).astype(np.int64)
+        extra = measured_extra(stages, horizon, rng)[None, :]
+    else:
+        applied = quantile_sampler(stages["sdk"])(rng, horizon) + quantile_sampler(stages["total"])(rng, horizon)
+        own = applied + (quantile_sampler(stages["fold_own"])(rng, horizon) if "fold_own" in stages else 0.0)
+        peer = applied + quantile_sampler(stages["fold_peer"])(rng, horizon)
+        applier = rng.integers(0, 2, size=horizon)
+        extra = np.rint(np.where(applier == 0, [own, peer], [peer, own])).astype(np.int64)
+    if "provisional" in stages and not segmented:
+        early = np.rint(quantile_sampler(stages["provisional"])(rng, horizon)).astype(np.int64)
+        folded = rng.random(horizon) < mode.get("provisional_share", 1.0)
+        decider = np.arange(horizon) % extra.shape[0]
+        mine = decider[None, :] == np.arange(extra.shape[0])[:, None]
+        extra = np.where(mine & folded[None, :], np.minimum(extra, early[None, :]), extra)
+    return extra
 
 
 def paired_ratio(lagged_regret: np.ndarray, reference: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
@@ -141,7 +163,7 @@ def replay(params: dict[str, Any]) -> dict[str, Any]:
                 for i, lag in enumerate(lags):
                     if isinstance(lag, str):  # a mode measured by lag.py
                         rng = np.random.default_rng([seed, i, 11])
-                        extras = measured_extras(measured[lag], world.horizon, rng)
+                        extras = measured_extras(measured[lag], world.horizon, rng, segmented=world.segmented)
                         arms = run_replicas(world, half_life, 10_000 + seed, extras)
                     else:
                         shifted = lagged(world, lag, params["jitter"], np.random.default_rng([seed, lag, 7]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -71,3 +72,17 @@ async def collect(js, subject: str, stream: str, message_type, count: int, timeo
         return got
     finally:
         await sub.unsubscribe()
+
+
+def metrics(port: int) -> str:
+    """A service's Prometheus exposition text."""
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` with exactly ``labels`` (0.0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -36,7 +35,7 @@ from flywheel.optimizer.service import FeedbackItem
 from flywheel.sdk import FlywheelClient
 from flywheel.stack.testing import migrate_in_process as migrate
 
-from .helpers import eventually, sdk_nats, three_arm_endpoint
+from .helpers import eventually, metrics, sample, sdk_nats, three_arm_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -140,19 +139,6 @@ async def test_two_replicas_see_each_others_feedback_within_the_bound(launch):
 
 
 FOLD_LAG = "flywheel_optimizer_posterior_fold_lag_seconds"
-
-
-def metrics(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-
-
-def sample(text: str, name: str, **labels: str) -> float:
-    """The value of the one sample of ``name`` with exactly ``labels`` (0.0 when absent)."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}} "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 async def test_polling_get_endpoint_does_not_change_what_select_samples(launch, stack_env, monkeypatch):

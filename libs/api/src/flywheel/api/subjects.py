@@ -290,6 +290,9 @@ class RoleSpec:
     # Dead-letter sinks it writes besides its consumers' (the optimizer's decision log puts a
     # decision there that can never be written or published).
     dead_letters: tuple[str, ...] = ()
+    # Catalogue subjects (method names) it also receives as they are published, on a plain
+    # subscription without acks (the optimizer's provisional folds of feedback): read-only.
+    watches: tuple[str, ...] = ()
     # Services declare every stream at startup (infra.connect_bus), so they need the stream
     # management API; a product does not.
     declares_topology: bool = False
@@ -310,6 +313,7 @@ ROLES: dict[str, RoleSpec] = {
             produces=("decision", "evaluation_request", "run_progress"),
             dead_letters=("optimizer-decision-log",),
             consumes=("optimizer-feedback", "optimizer-evaluation-results", "optimizer-proposals"),
+            watches=("feedback",),
             declares_topology=True,
         ),
         RoleSpec(
@@ -410,4 +414,6 @@ def role_permissions(role: str, namespace: str | None = "flywheel") -> Permissio
             subj(cat.dead_letter(durable)),
         ]
     publish += [subj(cat.dead_letter(name)) for name in spec.dead_letters]
-    return Permissions(tuple(dict.fromkeys(publish)), (f"{spec.inbox}.>",))
+    subscribe = [f"{spec.inbox}.>"]
+    subscribe += [subj(getattr(cat, method)("KEY").rsplit(".", 1)[0] + ".*") for method in spec.watches]
+    return Permissions(tuple(dict.fromkeys(publish)), tuple(subscribe))

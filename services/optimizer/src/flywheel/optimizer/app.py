@@ -28,6 +28,7 @@ from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
 from flywheel.optimizer.grpc_api import EndpointAdminServicer, OffPolicyServicer, SelectionServicer
 from flywheel.optimizer.handlers import FeedbackHandler
+from flywheel.optimizer.provisional import ProvisionalFolder, RecentDecisions
 from flywheel.optimizer.runs.driver import RunDriver
 from flywheel.optimizer.runs.grpc_api import RunServicer
 from flywheel.optimizer.runs.proposals import ProposalHandler
@@ -63,11 +64,19 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         database.sessions,
         refresh_interval_s=settings.refresh_interval_s,
         rebuild_interval_s=settings.posterior_rebuild_interval_s,
+        fold_draws=settings.posterior_fold_draws,
         replica=replica if notifying else "",
         announce=announce if notifying else None,
     )
     folds = cache if settings.posterior_fold else None
     await cache.refresh()
+    # Provisional folds (provisional.py): the rewards of this replica's decisions reach its
+    # cache as they are published, before their transactions.
+    recent = (
+        RecentDecisions(settings.provisional_recent_decisions)
+        if settings.posterior_fold and settings.posterior_provisional_fold
+        else None
+    )
     decisions = DecisionLog(
         database.engine,
         bus.publisher,
@@ -75,6 +84,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         flush_interval_s=settings.decision_flush_interval_s,
         max_pending=settings.decision_log_max_pending,
         room_wait_s=settings.decision_log_room_wait_s,
+        recent=recent,
     )
     # Segmented endpoints: per-segment snapshots, refreshed in the background (segment_cache.py).
     segments = SegmentCache(
@@ -154,6 +164,14 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     ]
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
     parts.background += [cache.run, segments.run, decisions.run, lifecycle.run, driver.run]
+    if recent is not None:
+        folder = ProvisionalFolder(cache, recent, window=window)
+        feedback = bus.catalogue.consumer("optimizer-feedback").filter_subject
+
+        async def provisional_folds() -> None:
+            await folder.run(bus.nc, feedback)
+
+        parts.background.append(provisional_folds)
     if notifying:
         listener = notify.IncrementListener(
             database.engine, replica=replica, on_notice=cache.notice, on_connect=cache.refresh

@@ -9,6 +9,10 @@ Select samples from the cached snapshot of its endpoint, which changes when
   meanwhile accumulate and share the next rebuild;
 - another replica commits feedback: its NOTIFY carries the increments (``notice``, see
   ``notify.py``), folded the same way;
+- feedback for one of this replica's decisions is published: it is folded provisionally
+  (``provisional``, see ``provisional.py``) on top of the committed counts, keyed by its event
+  id, until the transaction that settles the event (this replica's, or another's, named in its
+  NOTIFY) replaces it with what the transaction really added, or ``PROVISIONAL_TTL_S`` passes;
 - this replica makes an administrative change (``load``), or the periodic full refresh reads
   everything (``refresh``, every ``refresh_interval_s``): the reconciliation. Every read
   records its PostgreSQL snapshot and every fold its transaction id, so a fold the read could
@@ -22,8 +26,9 @@ Segment posteriors are cached by ``segment_cache.SegmentCache``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,6 +46,7 @@ from flywheel.optimizer.models import ArmRow, EndpointRow
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
 from flywheel.optimizer.spec import LINEAR, PolicyConfig
+from flywheel.optimizer.stats import Increment
 
 log = get_logger(__name__)
 
@@ -63,6 +69,22 @@ FOLD_LAG = Histogram(
 MAX_PENDING_FOLDS = 10_000
 # At most this many folds per endpoint wait to be timed (``FOLD_LAG``); more are not timed.
 MAX_TIMED_FOLDS = 1_000
+PROVISIONAL = Counter(
+    "flywheel_optimizer_provisional_folds_total",
+    "Feedback folded provisionally into a cached posterior before its transaction commits, and how each "
+    "provisional fold ended: folded, settled (its transaction committed), expired (none did in time), "
+    "late (its event was settled already), skipped (endpoint not cached, arm unknown, or the bound reached)",
+    ["outcome"],
+)
+# A provisional fold that no transaction settles within this long is dropped (its event was
+# dead-lettered, or its replica's consumer is stuck): at most this long, one reward counts twice
+# or one that was refused counts once.
+PROVISIONAL_TTL_S = 5.0
+# At most this many provisional folds are held (over all endpoints); more are not folded.
+MAX_PROVISIONAL = 50_000
+# The ids of this many settled events are remembered, so that a provisional fold arriving after
+# its event was settled (its NATS delivery late) is not added.
+MAX_SETTLED_IDS = 100_000
 
 
 @dataclass
@@ -89,6 +111,8 @@ class _Entry:
     waiters: list[tuple[int, asyncio.Future[bool]]] = field(default_factory=list)
     # Folds not in the installed snapshot yet: (version, since when (time.time()), source)
     timed: list[tuple[int, float, str]] = field(default_factory=list)
+    # Provisional folds by event id: (arm id, increment), on top of ``counts`` until settled.
+    provisional: dict[str, tuple[str, Increment]] = field(default_factory=dict)
 
 
 class PosteriorCache:
@@ -98,12 +122,15 @@ class PosteriorCache:
         *,
         refresh_interval_s: float = 0.5,
         rebuild_interval_s: float = 0.005,
+        fold_draws: int = snapshot.PROPENSITY_DRAWS,
         replica: str = "",
         announce: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._sessions = sessions
         self._interval = refresh_interval_s
         self._rebuild_interval = rebuild_interval_s
+        # Joint posterior draws of a snapshot rebuilt from folds (a read draws PROPENSITY_DRAWS).
+        self._fold_draws = fold_draws
         # Put into this replica's notifications, so that it skips its own.
         self.replica = replica
         # Tells the other replicas to reload an endpoint (after an administrative change here).
@@ -123,6 +150,12 @@ class PosteriorCache:
         # finds the same inputs again reuses that snapshot. (Not whatever ``_snapshots`` holds:
         # a refresh that read before a concurrent load may have put an older one back there.)
         self._built: dict[str, tuple[tuple[Any, ...], EndpointSnapshot]] = {}
+        # Provisional folds (``provisional``): set by the service when it folds them; then its
+        # feedback transactions name the events they settle (``service.FoldSink``).
+        self.tracks_provisional = False
+        # event id -> (endpoint, when folded (monotonic)), oldest first: for settling and expiry.
+        self._provisional: dict[str, tuple[str, float]] = {}
+        self._settled: dict[str, None] = {}  # recently settled event ids, oldest first
 
     def snapshots(self) -> list[EndpointSnapshot]:
         return list(self._snapshots.values())
@@ -207,6 +240,7 @@ class PosteriorCache:
     async def run(self) -> None:
         """Refresh forever (a background task of the service)."""
         while True:
+            self.expire_provisional()
             try:
                 await self.refresh()
             except Exception as exc:  # noqa: BLE001 - keep serving the last snapshot while PostgreSQL is away
@@ -287,15 +321,18 @@ class PosteriorCache:
                 if all(a in index for a in f.arms):  # else: an arm this read does not know yet
                     counts = fold.add(policy, counts, index, f.at, f.arms, f.clock)
                     kept.append(f)
-        if kept:
+        serving = counts
+        if entry is not None and entry.provisional:
+            serving = _with_provisional(counts, [a.arm_id for a in inp.arms], entry.provisional)
+        if kept or serving is not counts:
             snap = snapshot.build(
                 row=inp.row,
                 arms=inp.arms,
-                stats=counts.stats,
-                now=fold.from_epoch(counts.as_of),
+                stats=serving.stats,
+                now=fold.from_epoch(serving.as_of),
                 rng=self._rng,
-                pulls=counts.pulls,
-                reward_sums=counts.reward_sums,
+                pulls=serving.pulls,
+                reward_sums=serving.reward_sums,
             )
         else:
             snap = self._base_snapshot(inp)
@@ -322,19 +359,90 @@ class PosteriorCache:
         self._segment_folds = fold_many
 
     def committed(self, batch: FoldBatch) -> None:
-        """This replica's feedback transaction committed: fold its increments in now."""
+        """This replica's feedback transaction committed: fold its increments in now, in place
+        of the provisional folds of the events it settled."""
         now = time.time()
+        if batch.settled:
+            self.settle(batch.settled)
         for name, f in batch.folds().items():
             self._fold(name, f, "own", now)
         if self._segment_folds is not None and batch.segments:
             self._segment_folds(batch.segments, committed_at=time.monotonic())
 
     def notice(self, notice: Notice) -> None:
-        """Another replica's notification: fold its increments, or reload the endpoint."""
-        if notice.fold is None:
+        """Another replica's notification: fold its increments, drop the provisional folds of
+        the events it settled, or reload the endpoint."""
+        if notice.settled:
+            self.settle(notice.settled)
+        elif notice.fold is None:
             self._reload_soon(notice.endpoint)
         else:
             self._fold(notice.endpoint, notice.fold, "peer", notice.sent)
+
+    # --- provisional folds -----------------------------------------------------------------
+
+    def provisional(self, name: str, event_id: str, arm_id: str, inc: Increment, *, since: float = 0.0) -> bool:
+        """Fold one feedback event into the endpoint's snapshot before any transaction has
+        applied it (its reward, on the arm its decision chose here). It stays on top of the
+        committed counts until ``settle`` names its event id or ``PROVISIONAL_TTL_S`` passes;
+        the same event id is folded once. ``since`` (epoch seconds: the event's publish time)
+        times it in ``FOLD_LAG{source="provisional"}``. False when it was not folded."""
+        if event_id in self._provisional:
+            return False
+        if event_id in self._settled:
+            PROVISIONAL.labels("late").inc()
+            return False
+        entry, snap = self._entries.get(name), self._snapshots.get(name)
+        if entry is None or snap is None or arm_id not in snap.arm_ids or len(self._provisional) >= MAX_PROVISIONAL:
+            PROVISIONAL.labels("skipped").inc()
+            return False
+        entry.provisional[event_id] = (arm_id, inc)
+        self._provisional[event_id] = (name, time.monotonic())
+        PROVISIONAL.labels("folded").inc()
+        self._changed(name, entry, since, "provisional")
+        return True
+
+    def settle(self, event_ids: Iterable[str]) -> None:
+        """These events' transaction committed (their increments are folded, or they were
+        duplicates or refused): drop their provisional folds."""
+        changed: dict[str, _Entry] = {}
+        settled = self._settled
+        for event_id in event_ids:
+            settled[event_id] = None
+            home = self._provisional.pop(event_id, None)
+            if home is None:
+                continue
+            entry = self._entries.get(home[0])
+            if entry is not None and entry.provisional.pop(event_id, None) is not None:
+                changed[home[0]] = entry
+                PROVISIONAL.labels("settled").inc()
+        over = len(settled) - MAX_SETTLED_IDS
+        if over > 0:
+            for event_id in list(itertools.islice(settled, over)):
+                del settled[event_id]
+        for name, entry in changed.items():
+            self._changed(name, entry)
+
+    def expire_provisional(self) -> int:
+        """Drop the provisional folds older than ``PROVISIONAL_TTL_S`` (no transaction settled
+        them); how many."""
+        cutoff = time.monotonic() - PROVISIONAL_TTL_S
+        expired: list[str] = []
+        for event_id, (_, folded_at) in self._provisional.items():
+            if folded_at > cutoff:
+                break  # oldest first
+            expired.append(event_id)
+        changed: dict[str, _Entry] = {}
+        for event_id in expired:
+            name, _ = self._provisional.pop(event_id)
+            entry = self._entries.get(name)
+            if entry is not None and entry.provisional.pop(event_id, None) is not None:
+                changed[name] = entry
+        for name, entry in changed.items():
+            self._changed(name, entry)
+        if expired:
+            PROVISIONAL.labels("expired").inc(len(expired))
+        return len(expired)
 
     async def caught_up(self, name: str) -> EndpointSnapshot | None:
         """The cached snapshot once it reflects every fold received so far (None when the
@@ -361,8 +469,12 @@ class PosteriorCache:
             return
         entry.folds[f.xid] = f
         entry.counts = fold.add(snap.policy, entry.counts, index, f.at, f.arms, f.clock)
-        entry.version += 1
         FOLDS.labels(source).inc()
+        self._changed(name, entry, since, source)
+
+    def _changed(self, name: str, entry: _Entry, since: float = 0.0, source: str = "") -> None:
+        """What Select should sample from changed: rebuild (timing it from ``since``)."""
+        entry.version += 1
         if since > 0 and len(entry.timed) < MAX_TIMED_FOLDS:
             entry.timed.append((entry.version, since, source))
         if entry.rebuilding is None:
@@ -377,8 +489,9 @@ class PosteriorCache:
                     await asyncio.sleep(wait)  # later folds accumulate meanwhile
                     continue  # a refresh may have covered them
                 version, counts, base = entry.version, entry.counts, self._snapshots[name]
+                provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
                 started = time.monotonic()
-                snap = await asyncio.to_thread(self._rebuilt, base, counts)
+                snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
                 took = time.monotonic() - started
                 entry.next_rebuild = time.monotonic() + max(self._rebuild_interval, took)
                 if self._entries.get(name) is entry and version > entry.built:
@@ -392,7 +505,11 @@ class PosteriorCache:
         finally:
             entry.rebuilding = None
 
-    def _rebuilt(self, base: EndpointSnapshot, counts: Counts) -> EndpointSnapshot:
+    def _rebuilt(
+        self, base: EndpointSnapshot, counts: Counts, provisional: list[tuple[str, Increment]]
+    ) -> EndpointSnapshot:
+        if provisional:
+            counts = _with_provisional(counts, base.arm_ids, provisional)
         snap = snapshot.rebuild(
             base,
             stats=counts.stats,
@@ -400,6 +517,7 @@ class PosteriorCache:
             reward_sums=counts.reward_sums,
             now=fold.from_epoch(counts.as_of),
             rng=self._rebuild_rng,
+            draws=self._fold_draws,
         )
         _ = snap.cdf  # computed here, not by the first Select
         return snap
@@ -452,6 +570,15 @@ def snapshot_inputs(row: Any, arms: list[Any], agg: Stats) -> tuple[Any, ...]:
         tuple((a.arm_id, a.status, a.traffic_cap, a.pulls, a.reward_sum, a.params) for a in arms),
         tuple(None if x is None else (x.shape, x.tobytes()) for x in arrays),
     )
+
+
+def _with_provisional(
+    counts: Counts, arm_ids: list[str], provisional: dict[str, tuple[str, Increment]] | list[tuple[str, Increment]]
+) -> Counts:
+    """``counts`` with the provisional folds on top (those of arms still known)."""
+    index = {a: i for i, a in enumerate(arm_ids)}
+    folds = provisional.values() if isinstance(provisional, dict) else provisional
+    return fold.overlay(counts, [(index[a], inc) for a, inc in folds if a in index])
 
 
 def _policy(row: Any) -> PolicyConfig:

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -49,6 +49,8 @@ from flywheel.core.bus.publisher import Publisher
 from flywheel.core.errors import ResourceExhausted, rejects_the_data
 from flywheel.core.logging import get_logger
 
+if TYPE_CHECKING:  # provisional.py imports this module
+    from flywheel.optimizer.provisional import RecentDecisions
 log = get_logger(__name__)
 
 # Where decisions that can never be written or published go, with the reason.
@@ -178,8 +180,11 @@ class DecisionLog:
         max_batch: int = 1000,
         max_pending: int | None = None,
         room_wait_s: float = 1.0,
+        recent: RecentDecisions | None = None,
     ) -> None:
         self._engine = engine
+        # Remembers every recorded decision for the provisional fold of its feedback.
+        self._recent = recent
         # One connection held for the log's lifetime: a pool checkout per flush (with its
         # pre-ping round trip) cost more than the INSERT of a typical 20 ms batch.
         self._conn: AsyncConnection | None = None
@@ -231,6 +236,8 @@ class DecisionLog:
                     "retry with backoff"
                 )
             self._buffer.extend(decisions)
+            if self._recent is not None:
+                self._recent.add_many(decisions)
             # Wake the flusher once per full buffer: from a worker thread each wake-up is a byte on
             # the loop's self-pipe, which is also its signal wake-up fd (a full pipe loses SIGTERM).
             wake = len(self._buffer) >= self._max_batch and not self._woken

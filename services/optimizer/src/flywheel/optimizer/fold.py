@@ -13,7 +13,7 @@ Pure arithmetic and parsing here; the cache (``cache.py``) owns the state.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -81,6 +81,27 @@ def add(
     return Counts(Stats(w, s, ss, xtx, xty), pulls, reward_sums, max(counts.as_of, at), max(counts.clock, clock))
 
 
+def overlay(counts: Counts, adds: Iterable[tuple[int, Increment]]) -> Counts:
+    """``counts`` plus provisional increments (arm index, increment), undecayed and as new
+    arrays: what Select samples from while their transactions have not committed yet
+    (``provisional.py``). ``as_of`` and the clock stay the committed counts'."""
+    st = counts.stats
+    w, s, ss = st.w.copy(), st.s.copy(), st.ss.copy()
+    xtx = None if st.xtx is None else st.xtx.copy()
+    xty = None if st.xty is None else st.xty.copy()
+    pulls, reward_sums = counts.pulls.copy(), counts.reward_sums.copy()
+    for i, inc in adds:
+        w[i] += inc.w
+        s[i] += inc.s
+        ss[i] += inc.ss
+        if xtx is not None and xty is not None and inc.xtx is not None and inc.xty is not None:
+            xtx[i] += inc.xtx
+            xty[i] += inc.xty
+        pulls[i] += round(inc.w)
+        reward_sums[i] += inc.s
+    return Counts(Stats(w, s, ss, xtx, xty), pulls, reward_sums, counts.as_of, counts.clock)
+
+
 @dataclass(frozen=True)
 class PgSnapshot:
     """A PostgreSQL snapshot (``pg_current_snapshot()``): which transactions a read could see."""
@@ -126,6 +147,8 @@ class FoldBatch:
     segments: dict[tuple[str, str, str], Increment] = field(default_factory=dict)
     # endpoint -> its decision clock as the transaction read it
     clocks: dict[str, float] = field(default_factory=dict)
+    # the event ids the transaction settled, when replicas fold provisionally (``provisional.py``)
+    settled: tuple[str, ...] = ()
 
     def folds(self) -> dict[str, EndpointFold]:
         return {e: EndpointFold(self.xid, self.at, arms, self.clocks.get(e, 0.0)) for e, arms in self.endpoints.items()}
@@ -135,7 +158,7 @@ class FoldBatch:
 # The body is written here without the transaction's id and times, which PostgreSQL prepends
 # inside the transaction (``notify.py``): {"x": xid, "t": now, "k": sent, "r": replica, "e": endpoint,
 # "a": {arm: [w, s, ss] or [w, s, ss, xtx..., xty...]}, "c": decision clock} or, too large,
-# {..., "reload": 1}.
+# {..., "reload": 1}; and the event ids it settled, {..., "r": replica, "s": [event ids]}.
 
 
 def _arm_values(inc: Increment) -> list[float]:
@@ -156,6 +179,25 @@ def body(replica: str, endpoint: str, arms: Mapping[str, Increment], clock: floa
     return out
 
 
+def settled_bodies(replica: str, event_ids: Iterable[str]) -> list[str]:
+    """The payloads after ``{"x":..,"t":..,"k":..,`` naming the event ids a transaction settled,
+    as many as needed to keep each under the size limit."""
+    head = json.dumps({"r": replica, "s": []}, separators=(",", ":"))[1:-3]  # '"r":"..","s":'
+    out: list[str] = []
+    chunk: list[str] = []
+    size = len(head.encode()) + 64
+    for event_id in event_ids:
+        cost = len(json.dumps(event_id).encode()) + 1
+        if chunk and size + cost > MAX_PAYLOAD_BYTES - 64:
+            out.append(head + json.dumps(chunk, separators=(",", ":")) + "}")
+            chunk, size = [], len(head.encode()) + 64
+        chunk.append(event_id)
+        size += cost
+    if chunk:
+        out.append(head + json.dumps(chunk, separators=(",", ":")) + "}")
+    return out
+
+
 def reload_body(replica: str, endpoint: str) -> str:
     return json.dumps({"r": replica, "e": endpoint, "reload": 1}, separators=(",", ":"))[1:]
 
@@ -170,6 +212,9 @@ class Notice:
     # When the notifying transaction sent it (epoch seconds of the database's clock, just before
     # its commit); 0.0 when the payload does not say (a replica of an older version).
     sent: float = 0.0
+    # Event ids the transaction settled (applied, duplicate or refused): the receiver drops its
+    # provisional folds of them (``provisional.py``). A settled-ids notice has no fold.
+    settled: tuple[str, ...] = ()
 
 
 def _increment(values: list[float]) -> Increment:
@@ -188,6 +233,11 @@ def _increment(values: list[float]) -> Increment:
 def decode(payload: str) -> Notice:
     """A notification's payload (ValueError when it is not one of ours)."""
     data: dict[str, Any] = json.loads(payload)
+    if "s" in data:
+        ids = data["s"]
+        if not isinstance(ids, list):
+            raise ValueError("settled event ids are not a list")
+        return Notice(str(data["r"]), "", None, float(data.get("k", 0.0)), tuple(str(i) for i in ids))
     replica, endpoint = str(data["r"]), str(data["e"])
     if data.get("reload") or "x" not in data:
         return Notice(replica, endpoint, None)

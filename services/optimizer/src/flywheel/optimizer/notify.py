@@ -15,7 +15,7 @@ sharing one PostgreSQL database never hear each other.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import Counter
@@ -56,13 +56,19 @@ async def announce(
     replica: str | None,
     endpoints: Mapping[str, Mapping[str, Increment]],
     clocks: Mapping[str, float] | None = None,
+    settled: Iterable[str] = (),
 ) -> tuple[int, float]:
     """Inside a feedback transaction: notify the other replicas of its endpoint-wide increments
-    and each endpoint's decision clock (nothing is sent when ``replica`` is None) and return the
-    transaction's id and now()."""
+    and each endpoint's decision clock, and of the event ids it settled (nothing is sent when
+    ``replica`` is None), and return the transaction's id and now(). The settled ids go first:
+    a replica that folded one of them provisionally drops that fold before it adds the
+    increments, so between the two notices it undercounts for a moment, never double counts."""
     clocks = clocks or {}
     bodies = (
-        [fold.body(replica, e, arms, clocks.get(e, 0.0)) for e, arms in sorted(endpoints.items())]
+        [
+            *fold.settled_bodies(replica, settled),
+            *(fold.body(replica, e, arms, clocks.get(e, 0.0)) for e, arms in sorted(endpoints.items())),
+        ]
         if replica is not None
         else []
     )

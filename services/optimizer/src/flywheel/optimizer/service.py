@@ -243,7 +243,8 @@ async def apply_feedback(
     return outcome
 
 
-def _check(item: FeedbackItem) -> None:
+def check_item(item: FeedbackItem) -> None:
+    """Raise InvalidArgument when the event cannot be applied whatever its decision."""
     e, d, ep = item.event_id, item.decision_id, item.endpoint
     joined = e + d + ep
     if (
@@ -323,21 +324,26 @@ def _target(
 
 
 def _reward(item: FeedbackItem, target: _Target) -> float | ServiceError:
-    """The event's reward as the endpoint takes it (clipped, or refused when out of range)."""
-    if item.reward is not None and not target.weights:
+    return reward_value(item, weights=target.weights, bounded=target.bounded, kind=target.kind)
+
+
+def reward_value(item: FeedbackItem, *, weights: dict[str, float], bounded: bool, kind: str) -> float | ServiceError:
+    """The event's reward as an endpoint with these reward settings takes it (clipped, or
+    refused when out of range)."""
+    if item.reward is not None and not weights:
         value = item.reward  # a scalar wins (combine_reward), without the call
     else:
         try:
-            value = combine_reward(item.reward, item.signals, target.weights)
+            value = combine_reward(item.reward, item.signals, weights)
         except ValueError as exc:
             return InvalidArgument(str(exc))
-    if target.bounded:
+    if bounded:
         return min(1.0, max(0.0, value))
     if not abs(value) <= MAX_ABS_REWARD:  # also NaN/inf from weighting huge signals
         # Refused, not clipped: a clipped 1e300 would still pull the posterior far off.
         return InvalidArgument(
             f"reward: {value:g} is outside [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}], the range an "
-            f"unbounded ({target.kind}) endpoint takes; rescale it"
+            f"unbounded ({kind}) endpoint takes; rescale it"
         )
     return value
 
@@ -359,7 +365,7 @@ async def apply_feedback_batch(
     outcomes: list[FeedbackOutcome | ServiceError | None] = [None] * len(items)
     for i, item in enumerate(items):
         try:
-            _check(item)
+            check_item(item)
         except ServiceError as exc:
             outcomes[i] = exc
     ids = {it.decision_id for i, it in enumerate(items) if outcomes[i] is None}
@@ -489,7 +495,18 @@ async def apply_feedback_batch(
             },
         )
     clocks = {name: float(getattr(row, "decisions_total", 0) or 0) for name, row in endpoints.items()}
-    batch = await _announce(session, folds, increments, clocks) if folds is not None and increments else None
+    # Every event this transaction settles (applied, a duplicate, or refused for good): a replica
+    # that folded one provisionally drops that fold when it learns of the commit.
+    settled = (
+        [it.event_id for it, o in zip(items, outcomes, strict=True) if type(o) is FeedbackOutcome or _final(o)]
+        if folds is not None and folds.tracks_provisional
+        else []
+    )
+    batch = (
+        await _announce(session, folds, increments, clocks, settled)
+        if folds is not None and (increments or settled)
+        else None
+    )
     await session.commit()
     if batch is not None and folds is not None:
         try:
@@ -500,11 +517,19 @@ async def apply_feedback_batch(
     return outcomes  # type: ignore[return-value]
 
 
+def _final(outcome: object) -> bool:
+    """An event's error that no redelivery changes (its provisional fold is dropped)."""
+    return isinstance(outcome, InvalidArgument | NotFound)
+
+
 class FoldSink(Protocol):
     """Who learns of committed increments at once (``cache.PosteriorCache``)."""
 
     # This replica's id in its notifications to the others ("" sends none).
     replica: str
+    # Whether replicas fold feedback provisionally (``provisional.py``): then each transaction
+    # also says which event ids it settled.
+    tracks_provisional: bool
 
     def committed(self, batch: FoldBatch) -> None: ...
 
@@ -514,6 +539,7 @@ async def _announce(
     folds: FoldSink,
     increments: dict[tuple[str, str, str], stats.Increment],
     clocks: dict[str, float],
+    settled: list[str],
 ) -> FoldBatch:
     endpoint_wide: dict[str, dict[str, stats.Increment]] = defaultdict(dict)
     segments = {}
@@ -523,5 +549,9 @@ async def _announce(
         else:
             endpoint_wide[endpoint][arm_id] = inc
     clocks = {e: clocks.get(e, 0.0) for e in endpoint_wide}
-    xid, at = await notify.announce(session, replica=folds.replica or None, endpoints=endpoint_wide, clocks=clocks)
-    return FoldBatch(xid=xid, at=at, endpoints=dict(endpoint_wide), segments=segments, clocks=clocks)
+    xid, at = await notify.announce(
+        session, replica=folds.replica or None, endpoints=endpoint_wide, clocks=clocks, settled=settled
+    )
+    return FoldBatch(
+        xid=xid, at=at, endpoints=dict(endpoint_wide), segments=segments, clocks=clocks, settled=tuple(settled)
+    )

@@ -35,6 +35,12 @@ class OptimizerSettings(ServiceSettings):
     # Tell the other replicas each feedback transaction's increments with PostgreSQL NOTIFY, and
     # fold theirs (needs posterior_fold); off, they see each other's feedback at a refresh.
     posterior_notify: bool = True
+    # Fold the reward of one of this replica's decisions into its cached posterior as soon as
+    # the feedback is published (a plain NATS subscription beside the durable consumer), until
+    # the transaction that applies it commits (README "Posterior freshness"; needs posterior_fold).
+    posterior_provisional_fold: bool = True
+    # How many of its latest decisions a replica remembers for that (about 150 bytes each).
+    provisional_recent_decisions: int = Field(50_000, ge=1, le=10_000_000)
     # The feedback consumer fetches on while a batch is applied, so what arrives meanwhile is in
     # hand when the transaction ends; off (the default: it did not cut the lag on 2 busy cores,
     # README "Feedback lag by stage"), it fetches only between batches.
@@ -45,6 +51,10 @@ class OptimizerSettings(ServiceSettings):
     # A snapshot rebuilt from folds waits at least this long (or as long as its last rebuild
     # took) after the previous one; folds arriving meanwhile share the next rebuild.
     posterior_rebuild_interval_s: float = Field(0.005, ge=0, le=1)
+    # Joint posterior draws that estimate the selection probabilities of a snapshot rebuilt from
+    # folds (a read uses 4000). Each Select still draws its arm with exactly the probabilities
+    # it logs; fewer draws make a rebuild cheaper, so feedback reaches Select sooner.
+    posterior_fold_draws: int = Field(1000, ge=100, le=100_000)
     # How often buffered decisions are written and published.
     decision_flush_interval_s: float = Field(0.02, gt=0, le=5)
     # Decisions made but not yet written (PostgreSQL or NATS slow or away): past this many,

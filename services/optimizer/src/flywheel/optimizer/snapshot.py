@@ -189,9 +189,11 @@ def rebuild(
     reward_sums: np.ndarray,
     now: datetime,
     rng: np.random.Generator,
+    draws: int = PROPENSITY_DRAWS,
 ) -> EndpointSnapshot:
     """``snap`` with new statistics (folded feedback): the same arms and settings, its
-    posterior fields computed again. Cheaper than ``build``: nothing is parsed or copied."""
+    posterior fields computed again from ``draws`` joint posterior draws. Cheaper than
+    ``build``: nothing is parsed or copied."""
     out = dataclasses.replace(
         snap,
         **_posterior_fields(
@@ -205,6 +207,7 @@ def rebuild(
             reward_sums,
             now,
             rng,
+            draws,
         ),
     )
     if "params_structs" in snap.__dict__:  # the same params: keep the Structs already built
@@ -223,6 +226,7 @@ def _posterior_fields(
     reward_sums: np.ndarray,
     now: datetime,
     rng: np.random.Generator,
+    draws: int = PROPENSITY_DRAWS,
 ) -> dict[str, Any]:
     """The fields of a snapshot that depend on its statistics."""
     live = np.array([s != RETIRED for s in statuses])
@@ -231,7 +235,7 @@ def _posterior_fields(
     shown = PolicyConfig(kind="thompson_gaussian") if policy.kind == LINEAR else policy
     trial = trial_share_vector(policy, statuses, caps, pulls)
     # One set of draws gives both the selection probabilities and the probability of being best.
-    probabilities, best = _probabilities(shown, stats, live, caps, rng, trial=trial)
+    probabilities, best = _probabilities(shown, stats, live, caps, rng, m=draws, trial=trial)
     means, lo, hi = posterior.summaries(shown, stats)
     # Canaries are on trial: only active arms can be the incumbent.
     active = np.array([s == ACTIVE for s in statuses])

@@ -1,0 +1,236 @@
+"""Provisional folds (provisional.py): a reward for one of this replica's decisions is in the
+snapshot Select samples from before any transaction applies it, and counts once whatever the
+transaction decides. Over reads made up in memory; tests/integration/test_provisional_folds.py
+runs the same over real NATS and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.optimizer import cache as cache_module
+from flywheel.optimizer import fold, stats
+from flywheel.optimizer.cache import PosteriorCache, _Inputs
+from flywheel.optimizer.decisions import new_decision_id
+from flywheel.optimizer.fold import FoldBatch, Notice, PgSnapshot
+from flywheel.optimizer.posterior import Stats
+from flywheel.optimizer.provisional import ProvisionalFolder, RecentDecisions
+
+
+def _inputs(reward_spec=None) -> _Inputs:
+    row = SimpleNamespace(
+        name="bot",
+        description="",
+        policy_kind="thompson_beta",
+        policy={},
+        reward_spec=reward_spec or {},
+        incumbent_arm_id="",
+        created_at=datetime.now(UTC),
+    )
+    arms = [
+        SimpleNamespace(arm_id=a, status="active", traffic_cap=1.0, pulls=0, reward_sum=0.0, params={})
+        for a in ("a", "b")
+    ]
+    zero = np.zeros(2)
+    return _Inputs(row, arms, Stats(zero.copy(), zero.copy(), zero.copy()), datetime.fromtimestamp(100.0, UTC))
+
+
+def _cache(reward_spec=None) -> PosteriorCache:
+    cache = PosteriorCache(sessions=None, rebuild_interval_s=0.0)  # type: ignore[arg-type]
+    cache._install(_inputs(reward_spec), PgSnapshot.parse("10:10:"), 0.0)
+    return cache
+
+
+def _inc(reward: float) -> stats.Increment:
+    out = stats.Increment()
+    out.add(reward, None)
+    return out
+
+
+def _committed(xid: int, arm: str, rewards: list[float], settled: tuple[str, ...]) -> FoldBatch:
+    total = stats.Increment()
+    for r in rewards:
+        total.add(r, None)
+    endpoints = {"bot": {arm: total}} if rewards else {}
+    return FoldBatch(xid=xid, at=100.0, endpoints=endpoints, settled=settled)
+
+
+async def _pulls(cache: PosteriorCache) -> list[float]:
+    snap = await cache.caught_up("bot")
+    assert snap is not None
+    return snap.pulls.tolist()
+
+
+async def test_a_provisional_fold_is_served_at_once_and_replaced_by_its_commit():
+    cache = _cache()
+    assert cache.provisional("bot", "e1", "a", _inc(1.0))
+    assert await _pulls(cache) == [1, 0]  # before any transaction
+    # Its transaction commits: the real increment replaces it, counted once.
+    cache.committed(_committed(11, "a", [1.0], settled=("e1",)))
+    assert await _pulls(cache) == [1, 0]
+    assert not cache._entries["bot"].provisional and not cache._provisional
+
+
+async def test_an_event_is_folded_once_and_a_late_delivery_of_a_settled_one_not_at_all():
+    cache = _cache()
+    assert cache.provisional("bot", "e1", "a", _inc(1.0))
+    assert not cache.provisional("bot", "e1", "a", _inc(1.0))  # published twice (an SDK retry)
+    assert await _pulls(cache) == [1, 0]
+    cache.committed(_committed(11, "a", [1.0], settled=("e1",)))
+    # Its subscription delivers it after the commit (a slow replica): not added again.
+    assert not cache.provisional("bot", "e1", "a", _inc(1.0))
+    assert await _pulls(cache) == [1, 0]
+
+
+async def test_a_duplicate_or_refused_event_undoes_its_provisional_fold_when_settled():
+    cache = _cache()
+    cache.provisional("bot", "dup", "a", _inc(1.0))
+    cache.provisional("bot", "bad", "b", _inc(0.0))
+    assert await _pulls(cache) == [1, 1]
+    # The transaction found "dup" applied long ago and refused "bad": no increments, both settled.
+    cache.committed(_committed(11, "a", [], settled=("dup", "bad")))
+    assert await _pulls(cache) == [0, 0]
+
+
+async def test_another_replica_settles_the_events_it_applied_by_its_notification():
+    cache = _cache()
+    cache.provisional("bot", "e1", "a", _inc(1.0))
+    cache.provisional("bot", "e2", "a", _inc(1.0))
+    # The other replica applied e1 and e2: the settled ids come first, then the increments.
+    xid, at = 11, 100.0
+    prefix = f'{{"x":{xid},"t":{at},"k":{time.time()},'
+    bodies = [*fold.settled_bodies("r2", ["e1", "e2"]), fold.body("r2", "bot", {"a": _inc(1.0)})]
+    for body in bodies:
+        cache.notice(fold.decode(prefix + body))
+    # The peer's increment says one reward (its batch held e1 only, e2 was a duplicate).
+    assert await _pulls(cache) == [1, 0]
+
+
+async def test_a_provisional_fold_nobody_settles_expires(monkeypatch):
+    cache = _cache()
+    cache.provisional("bot", "lost", "a", _inc(1.0))
+    assert cache.expire_provisional() == 0 and await _pulls(cache) == [1, 0]
+    monkeypatch.setattr(cache_module, "PROVISIONAL_TTL_S", 0.0)
+    assert cache.expire_provisional() == 1
+    assert await _pulls(cache) == [0, 0]
+
+
+async def test_a_read_keeps_the_provisional_folds_on_top(monkeypatch):
+    cache = _cache()
+    cache.provisional("bot", "e1", "b", _inc(1.0))
+    await _pulls(cache)
+    # The periodic refresh installs a read that does not have e1 (not committed yet).
+    cache._install(_inputs(), PgSnapshot.parse("12:12:"), 1.0)
+    assert cache.cached("bot").pulls.tolist() == [0, 1]
+
+
+async def test_the_provisional_folds_are_bounded(monkeypatch):
+    cache = _cache()
+    monkeypatch.setattr(cache_module, "MAX_PROVISIONAL", 2)
+    assert cache.provisional("bot", "e1", "a", _inc(1.0)) and cache.provisional("bot", "e2", "a", _inc(1.0))
+    assert not cache.provisional("bot", "e3", "a", _inc(1.0))
+    assert not cache.provisional("gone", "e4", "a", _inc(1.0))  # an endpoint not cached
+    assert not cache.provisional("bot", "e5", "no-such-arm", _inc(1.0))
+    assert await _pulls(cache) == [2, 0]
+
+
+def test_settled_ids_fill_notifications_under_the_size_limit_and_round_trip():
+    ids = [f"{i:032x}" for i in range(1000)]
+    bodies = fold.settled_bodies("r1", ids)
+    assert len(bodies) > 1
+    got: list[str] = []
+    for body in bodies:
+        payload = '{"x":123456789,"t":1764000000.123456,"k":1764000000.123456,' + body
+        assert len(payload.encode()) < 8000  # PostgreSQL's NOTIFY limit
+        notice = fold.decode(payload)
+        assert notice.replica == "r1" and notice.fold is None
+        got += notice.settled
+    assert got == ids
+    assert fold.settled_bodies("r1", []) == []
+
+
+def test_recent_decisions_forget_the_oldest_past_their_capacity():
+    recent = RecentDecisions(10)
+    made = [SimpleNamespace(decision_id=f"d{i}", endpoint="bot", arm_id="a", features=None) for i in range(12)]
+    recent.add_many(made)  # past the capacity and its slack (a tenth): back to 10, the oldest gone
+    assert len(recent) == 10 and recent.get("d1") is None and recent.get("d2") == ("bot", "a", None)
+    recent.add_many([SimpleNamespace(decision_id="d12", endpoint="bot", arm_id="b", features=[1.0])])
+    assert len(recent) == 11  # within the slack: evicted in bulk later, not one by one
+    recent.add_many([SimpleNamespace(decision_id="d13", endpoint="bot", arm_id="b", features=None)])
+    assert len(recent) == 10 and recent.get("d3") is None
+    assert recent.get("d4") == ("bot", "a", None) and recent.get("d12") == ("bot", "b", [1.0])
+    with pytest.raises(ValueError, match="capacity"):
+        RecentDecisions(0)
+
+
+def _event(decision_id: str, event_id: str, *, reward=None, signals=None, endpoint="", sent=None) -> bytes:
+    e = FeedbackEvent(decision_id=decision_id, endpoint=endpoint)
+    e.meta.event_id = event_id
+    ts = Timestamp()
+    ts.FromDatetime(sent or datetime.now(UTC))
+    e.meta.time.CopyFrom(ts)
+    if reward is not None:
+        e.reward = reward
+    for k, v in (signals or {}).items():
+        e.signals[k] = v
+    return e.SerializeToString()
+
+
+async def test_the_folder_folds_only_this_replicas_decisions_with_the_endpoints_reward_settings():
+    cache = _cache(reward_spec={"signal_weights": {"thumbs": 3.0, "stars": 1.0}, "bounded": True})
+    recent = RecentDecisions(100)
+    mine = new_decision_id()
+    recent.add_many([SimpleNamespace(decision_id=mine, endpoint="bot", arm_id="b", features=None)])
+    folder = ProvisionalFolder(cache, recent, window=timedelta(hours=1))
+    # Weighted signals, as the transaction would weigh them: (3 * 1 + 1 * 0.2) / 4 = 0.8.
+    assert folder.fold(_event(mine, "e1", signals={"thumbs": 1.0, "stars": 0.2}), None) == "folded"
+    snap = await cache.caught_up("bot")
+    assert snap.pulls.tolist() == [0, 1] and snap.reward_sums.tolist() == pytest.approx([0.0, 0.8])
+    # Another replica's decision: that replica folds it.
+    assert folder.fold(_event(new_decision_id(), "e2", reward=1.0), None) == "elsewhere"
+    # What the durable consumer dead-letters is never folded.
+    assert folder.fold(b"\xff\xfe not protobuf", None) == "invalid"
+    assert folder.fold(_event(mine, "", reward=1.0), None) == "invalid"  # no event id
+    assert folder.fold(_event(mine, "e3", reward=float("nan")), None) == "invalid"
+    assert folder.fold(_event(mine, "e4", reward=1.0, endpoint="other"), None) == "invalid"
+    assert folder.fold(_event(mine, "e5", signals={"unknown": 1.0}), None) == "invalid"
+    assert (await cache.caught_up("bot")).pulls.tolist() == [0, 1]
+
+
+async def test_the_folder_leaves_decisions_past_the_feedback_window_to_the_transaction():
+    cache = _cache()
+    recent = RecentDecisions(100)
+    old = f"{int((time.time() - 120) * 1000):012x}" + "0" * 20  # made two minutes ago
+    recent.add_many([SimpleNamespace(decision_id=old, endpoint="bot", arm_id="a", features=None)])
+    folder = ProvisionalFolder(cache, recent, window=timedelta(seconds=60))
+    assert folder.fold(_event(old, "e1", reward=1.0), None) == "invalid"
+    assert (await cache.caught_up("bot")).pulls.tolist() == [0, 0]
+
+
+async def test_the_provisional_fold_is_timed_from_the_publish():
+    from prometheus_client import REGISTRY
+
+    def count() -> float:
+        return (
+            REGISTRY.get_sample_value("flywheel_optimizer_posterior_fold_lag_seconds_count", {"source": "provisional"})
+            or 0.0
+        )
+
+    cache = _cache()
+    before = count()
+    cache.provisional("bot", "e1", "a", _inc(1.0), since=time.time() - 0.1)
+    await cache.caught_up("bot")
+    assert count() == before + 1
+
+
+def test_a_settled_notice_is_not_a_reload():
+    notice = Notice("r2", "", None, settled=("e1",))
+    cache = PosteriorCache(sessions=None)  # type: ignore[arg-type]
+    cache.notice(notice)  # no endpoint to reload, no loop needed: only the ids are remembered
+    assert "e1" in cache._settled
