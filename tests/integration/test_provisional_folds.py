@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2 as admin_pb
 from flywheel.api.optimizer.v1 import endpoint_admin_service_pb2_grpc as admin_grpc
+from flywheel.api.optimizer.v1 import endpoints_pb2 as ep_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.core.db import create_engine
@@ -33,11 +34,15 @@ def reward(arm_id: str) -> float:
     return 1.0 if arm_id == "small" else 0.0
 
 
-async def p_small(sel: sel_grpc.SelectionServiceStub, endpoint: str, n: int = 10) -> float:
+async def p_small(
+    sel: sel_grpc.SelectionServiceStub, endpoint: str, n: int = 10, context: dict[str, str] | None = None
+) -> float:
     """The probability Select gave "small" (from responses that chose it; 0 if none did)."""
     seen = []
     for _ in range(n):
-        r = await sel.Select(sel_pb.SelectRequest(endpoint=endpoint))
+        request = sel_pb.SelectRequest(endpoint=endpoint)
+        request.context.update(context or {})
+        r = await sel.Select(request)
         if r.arm_id == "small":
             seen.append(r.probability)
     return max(seen, default=0.0)
@@ -87,6 +92,24 @@ async def test_select_uses_published_feedback_before_its_transaction_commits(lau
             assert got["folded"] == 60 and got["settled"] == 60 and got["expired"] == 0, got
             assert got["seen_folded"] == 60 and got["seen_elsewhere"] == 0, got
             assert await p_small(sel, "early") > 0.95
+
+            # A segmented endpoint: the segment's posterior has them before the commit too.
+            segmented = three_arm_endpoint("by-country")
+            segmented.endpoint.policy.CopyFrom(ep_pb.PolicySpec(segment_key="country"))
+            await admin.CreateEndpoint(segmented)
+            fr = {"country": "fr"}
+            made = [await fw.select("by-country", context=fr) for _ in range(60)]
+            async with engine.connect() as lock:
+                await lock.execute(text("SELECT 1 FROM arms WHERE endpoint = 'by-country' FOR UPDATE"))
+                for d in made:
+                    await fw.feedback(d, reward=reward(d.arm_id))
+                p = await eventually(lambda: p_small(sel, "by-country", context=fr), lambda p: p > 0.95, timeout_s=5.0)
+                assert p > 0.95 and await committed_pulls(admin, "by-country") == 0
+                await lock.rollback()
+            await eventually(lambda: committed_pulls(admin, "by-country"), lambda n: n == 60, timeout_s=20)
+            got = await eventually(lambda: counts(optimizer.metrics_port), lambda c: c["settled"] >= 120, timeout_s=5)
+            assert got["folded"] == 120 and got["expired"] == 0, got
+            assert await p_small(sel, "by-country", context=fr) > 0.95
     finally:
         await engine.dispose()
 

@@ -157,14 +157,16 @@ def test_settled_ids_fill_notifications_under_the_size_limit_and_round_trip():
 
 def test_recent_decisions_forget_the_oldest_past_their_capacity():
     recent = RecentDecisions(10)
-    made = [SimpleNamespace(decision_id=f"d{i}", endpoint="bot", arm_id="a", features=None) for i in range(12)]
+    made = [
+        SimpleNamespace(decision_id=f"d{i}", endpoint="bot", arm_id="a", features=None, segment="") for i in range(12)
+    ]
     recent.add_many(made)  # past the capacity and its slack (a tenth): back to 10, the oldest gone
-    assert len(recent) == 10 and recent.get("d1") is None and recent.get("d2") == ("bot", "a", None)
-    recent.add_many([SimpleNamespace(decision_id="d12", endpoint="bot", arm_id="b", features=[1.0])])
+    assert len(recent) == 10 and recent.get("d1") is None and recent.get("d2") == ("bot", "a", None, "")
+    recent.add_many([SimpleNamespace(decision_id="d12", endpoint="bot", arm_id="b", features=[1.0], segment="")])
     assert len(recent) == 11  # within the slack: evicted in bulk later, not one by one
-    recent.add_many([SimpleNamespace(decision_id="d13", endpoint="bot", arm_id="b", features=None)])
+    recent.add_many([SimpleNamespace(decision_id="d13", endpoint="bot", arm_id="b", features=None, segment="")])
     assert len(recent) == 10 and recent.get("d3") is None
-    assert recent.get("d4") == ("bot", "a", None) and recent.get("d12") == ("bot", "b", [1.0])
+    assert recent.get("d4") == ("bot", "a", None, "") and recent.get("d12") == ("bot", "b", [1.0], "")
     with pytest.raises(ValueError, match="capacity"):
         RecentDecisions(0)
 
@@ -186,7 +188,7 @@ async def test_the_folder_folds_only_this_replicas_decisions_with_the_endpoints_
     cache = _cache(reward_spec={"signal_weights": {"thumbs": 3.0, "stars": 1.0}, "bounded": True})
     recent = RecentDecisions(100)
     mine = new_decision_id()
-    recent.add_many([SimpleNamespace(decision_id=mine, endpoint="bot", arm_id="b", features=None)])
+    recent.add_many([SimpleNamespace(decision_id=mine, endpoint="bot", arm_id="b", features=None, segment="")])
     folder = ProvisionalFolder(cache, recent, window=timedelta(hours=1))
     # Weighted signals, as the transaction would weigh them: (3 * 1 + 1 * 0.2) / 4 = 0.8.
     assert folder.fold(_event(mine, "e1", signals={"thumbs": 1.0, "stars": 0.2}), None) == "folded"
@@ -207,7 +209,7 @@ async def test_the_folder_leaves_decisions_past_the_feedback_window_to_the_trans
     cache = _cache()
     recent = RecentDecisions(100)
     old = f"{int((time.time() - 120) * 1000):012x}" + "0" * 20  # made two minutes ago
-    recent.add_many([SimpleNamespace(decision_id=old, endpoint="bot", arm_id="a", features=None)])
+    recent.add_many([SimpleNamespace(decision_id=old, endpoint="bot", arm_id="a", features=None, segment="")])
     folder = ProvisionalFolder(cache, recent, window=timedelta(seconds=60))
     assert folder.fold(_event(old, "e1", reward=1.0), None) == "invalid"
     assert (await cache.caught_up("bot")).pulls.tolist() == [0, 0]
@@ -234,3 +236,46 @@ def test_a_settled_notice_is_not_a_reload():
     cache = PosteriorCache(sessions=None)  # type: ignore[arg-type]
     cache.notice(notice)  # no endpoint to reload, no loop needed: only the ids are remembered
     assert "e1" in cache._settled
+
+
+async def test_a_segment_serves_its_provisional_folds_until_they_are_settled_or_expire(monkeypatch):
+    import asyncio
+
+    from flywheel.optimizer.segment_cache import SegmentCache
+
+    cache = _cache()
+    segments = SegmentCache(sessions=None, endpoints=cache)  # type: ignore[arg-type]
+    cache.fold_segments_into(segments.fold_many, segments.settle)
+    snap = cache.cached("bot")
+    zero = Stats(np.zeros(2), np.zeros(2), np.zeros(2))
+    segments._put(segments._build(snap, "fr", zero, Stats(np.ones(2), np.full(2, 0.5), np.full(2, 0.5)), 0.0))
+    before = segments.peek(snap, "fr").probabilities.tolist()
+    assert before[1] == pytest.approx(0.5, abs=0.1)
+    for i in range(20):
+        assert cache.provisional("bot", f"e{i}", "b", _inc(1.0))
+        assert segments.provisional("bot", "fr", f"e{i}", "b", _inc(1.0))
+    assert not segments.provisional("bot", "", "x", "b", _inc(1.0))  # the endpoint-wide part is not a segment
+    assert not segments.provisional("bot", "de", "x", "b", _inc(1.0))  # not cached
+    await asyncio.sleep(0.05)  # one coalesced rebuild
+    folded = segments.peek(snap, "fr")
+    assert folded.probabilities[1] > 0.95 and folded.own.w.tolist() == [0, 0]  # on top, never in own
+    # Ten are committed (their increments folded into own) and settled: still 20 rewards in all.
+    committed = stats.Increment()
+    for _ in range(10):
+        committed.add(1.0, None)
+    cache.committed(
+        FoldBatch(
+            xid=11,
+            at=100.0,
+            endpoints={"bot": {"b": committed}},
+            segments={("bot", "b", "fr"): committed},
+            settled=tuple(f"e{i}" for i in range(10)),
+        )
+    )
+    await asyncio.sleep(0.05)
+    assert segments.peek(snap, "fr").own.w.tolist() == [0, 10] and len(segments._overlay[("bot", "fr")]) == 10
+    # The other ten expire (nothing settled them): the segment forgets them too.
+    monkeypatch.setattr(cache_module, "PROVISIONAL_TTL_S", 0.0)
+    assert cache.expire_provisional() == 10
+    await asyncio.sleep(0.05)
+    assert not segments._overlay and not segments._overlay_of

@@ -94,7 +94,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         max_segments=settings.max_cached_segments,
     )
     if settings.posterior_fold:
-        cache.fold_segments_into(segments.fold_many)
+        cache.fold_segments_into(segments.fold_many, segments.settle)
     selector = Selector(cache, decisions, StickySessions(database.sessions), segments)
     lifecycle = ArmLifecycle(database.sessions, cache, interval_s=settings.lifecycle_interval_s)
 
@@ -165,7 +165,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
     parts.background += [cache.run, segments.run, decisions.run, lifecycle.run, driver.run]
     if recent is not None:
-        folder = ProvisionalFolder(cache, recent, window=window)
+        folder = ProvisionalFolder(cache, recent, window=window, segments=segments)
         feedback = bus.catalogue.consumer("optimizer-feedback").filter_subject
 
         async def provisional_folds() -> None:

@@ -135,8 +135,10 @@ class PosteriorCache:
         self.replica = replica
         # Tells the other replicas to reload an endpoint (after an administrative change here).
         self._announce = announce
-        # Where a transaction's per-segment increments go (``SegmentCache.fold_many``), if any.
+        # Where a transaction's per-segment increments go (``SegmentCache.fold_many``), if any,
+        # and who drops the segments' provisional folds of settled events (``SegmentCache.settle``).
         self._segment_folds: Callable[..., int] | None = None
+        self._segment_settle: Callable[[Iterable[str]], None] | None = None
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._entries: dict[str, _Entry] = {}
         # When each snapshot's read began (monotonic), and the reload in flight per endpoint:
@@ -353,10 +355,14 @@ class PosteriorCache:
 
     # --- folds ---------------------------------------------------------------------------
 
-    def fold_segments_into(self, fold_many: Callable[..., int]) -> None:
+    def fold_segments_into(
+        self, fold_many: Callable[..., int], settle: Callable[[Iterable[str]], None] | None = None
+    ) -> None:
         """Also hand each committed batch's per-segment increments to ``fold_many``
-        (``SegmentCache.fold_many``), so cached segments learn this replica's feedback at once."""
+        (``SegmentCache.fold_many``), so cached segments learn this replica's feedback at once,
+        and every settled or expired event id to ``settle`` (``SegmentCache.settle``)."""
         self._segment_folds = fold_many
+        self._segment_settle = settle
 
     def committed(self, batch: FoldBatch) -> None:
         """This replica's feedback transaction committed: fold its increments in now, in place
@@ -405,6 +411,9 @@ class PosteriorCache:
     def settle(self, event_ids: Iterable[str]) -> None:
         """These events' transaction committed (their increments are folded, or they were
         duplicates or refused): drop their provisional folds."""
+        event_ids = tuple(event_ids)
+        if self._segment_settle is not None:
+            self._segment_settle(event_ids)
         changed: dict[str, _Entry] = {}
         settled = self._settled
         for event_id in event_ids:
@@ -442,6 +451,8 @@ class PosteriorCache:
             self._changed(name, entry)
         if expired:
             PROVISIONAL.labels("expired").inc(len(expired))
+            if self._segment_settle is not None:
+                self._segment_settle(expired)
         return len(expired)
 
     async def caught_up(self, name: str) -> EndpointSnapshot | None:

@@ -14,9 +14,10 @@ added, so an event counts once whatever happens: a duplicate, a refused reward o
 rolled-back transaction undoes its provisional fold when it is settled, or after
 ``cache.PROVISIONAL_TTL_S`` when nothing settles it.
 
-What is not folded provisionally: feedback for another replica's decisions (that replica
-folds it; this one learns it from the NOTIFY, as before), and segment posteriors (they learn
-at the commit, ``segment_cache.py``).
+Segmented endpoints: the reward is folded into the endpoint's snapshot and into its segment's
+(``SegmentCache.provisional``) alike. Not folded provisionally: feedback for another replica's
+decisions (that replica folds it; this one learns it from the NOTIFY, as before, and a
+segment's share of it at the next refresh).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from flywheel.core.logging import get_logger
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.handlers import feedback_item
+from flywheel.optimizer.segment_cache import SegmentCache
 from flywheel.optimizer.service import check_item, reward_value
 from flywheel.optimizer.stats import Increment
 
@@ -65,7 +67,7 @@ PENDING_BYTES = 32 * 1024 * 1024
 
 
 class RecentDecisions:
-    """This replica's latest decisions (endpoint, arm, features) by id, at most ``capacity``,
+    """This replica's latest decisions (endpoint, arm, features, segment) by id, at most ``capacity``,
     the oldest forgotten first. Written by the decision log (under its lock, from the gRPC
     worker threads), read on the event loop: dict operations are atomic under the GIL, and
     only writers iterate (to evict)."""
@@ -76,18 +78,19 @@ class RecentDecisions:
         self._capacity = capacity
         # Evict a tenth at a time: one walk per many inserts rather than one per insert.
         self._slack = max(1, capacity // 10)
-        self._by_id: dict[str, tuple[str, str, list[float] | None]] = {}
+        self._by_id: dict[str, tuple[str, str, list[float] | None, str]] = {}
 
     def add_many(self, decisions: Iterable[Any]) -> None:
         """Remember decisions (``decisions.Decision``); the caller serializes writers."""
         by_id = self._by_id
         for d in decisions:
-            by_id[d.decision_id] = (d.endpoint, d.arm_id, d.features)
+            by_id[d.decision_id] = (d.endpoint, d.arm_id, d.features, d.segment)
         if len(by_id) > self._capacity + self._slack:
             for decision_id in list(itertools.islice(by_id, len(by_id) - self._capacity)):
                 del by_id[decision_id]
 
-    def get(self, decision_id: str) -> tuple[str, str, list[float] | None] | None:
+    def get(self, decision_id: str) -> tuple[str, str, list[float] | None, str] | None:
+        """(endpoint, arm id, features, segment) of a remembered decision."""
         return self._by_id.get(decision_id)
 
     def __len__(self) -> int:
@@ -98,8 +101,16 @@ class ProvisionalFolder:
     """Subscribes to every feedback subject and folds the rewards of this replica's decisions
     into the posterior cache before their transactions run."""
 
-    def __init__(self, cache: PosteriorCache, recent: RecentDecisions, *, window: timedelta) -> None:
+    def __init__(
+        self,
+        cache: PosteriorCache,
+        recent: RecentDecisions,
+        *,
+        window: timedelta,
+        segments: SegmentCache | None = None,
+    ) -> None:
         self._cache = cache
+        self._segments = segments
         self._recent = recent
         self._window_s = window.total_seconds()
 
@@ -130,7 +141,7 @@ class ProvisionalFolder:
         decision = self._recent.get(item.decision_id)
         if decision is None:
             return "elsewhere"
-        endpoint, arm_id, features = decision
+        endpoint, arm_id, features, segment = decision
         if item.endpoint and item.endpoint != endpoint:
             return "invalid"
         age = decision_age_s(item.decision_id)
@@ -150,5 +161,8 @@ class ProvisionalFolder:
         sent = event.meta.time.seconds + event.meta.time.nanos / 1e9
         if sent > 0:
             DELIVERY.observe(max(0.0, time.time() - sent))
-        folded = self._cache.provisional(endpoint, item.event_id, arm_id, inc, since=sent)
-        return "folded" if folded else "not_folded"
+        if not self._cache.provisional(endpoint, item.event_id, arm_id, inc, since=sent):
+            return "not_folded"
+        if segment and self._segments is not None:
+            self._segments.provisional(endpoint, segment, item.event_id, arm_id, inc, since=sent)
+        return "folded"

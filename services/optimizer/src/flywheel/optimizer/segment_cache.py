@@ -15,6 +15,11 @@ refresh (or fold), never per Select, so a segmented Select is one weighted draw 
   seen before.
 - **Feedback** (`fold`): the feedback path adds what it committed to a cached segment at
   once, and the segment's probabilities are rebuilt with its current prior.
+- **Provisional folds** (`provisional`, see ``provisional.py``): a reward for one of this
+  replica's decisions, published but not committed yet, is added on top of the segment's
+  statistics, keyed by its event id, until ``settle`` names that event (the endpoint cache owns
+  each event's lifecycle: its commit, a peer's NOTIFY, or its expiry). Bursts share one rebuild
+  ``PROVISIONAL_REBUILD_S`` later.
 - **Bound**: at most ``max_segments`` entries, least recently used evicted first.
 """
 
@@ -23,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.core.logging import get_logger
 from flywheel.optimizer import stats
-from flywheel.optimizer.cache import PosteriorCache
+from flywheel.optimizer.cache import FOLD_LAG, PosteriorCache
 from flywheel.optimizer.policies import segments
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
@@ -43,6 +48,10 @@ log = get_logger(__name__)
 # Joint posterior draws behind a segment's selection probabilities (built once per refresh
 # or fold; a Select only samples from them). The endpoint's own use snapshot.PROPENSITY_DRAWS.
 SEGMENT_DRAWS = 2000
+# Provisional folds that arrive within this long of each other share one rebuild of a segment.
+PROVISIONAL_REBUILD_S = 0.002
+# At most this many provisional folds per segment wait to be timed (``cache.FOLD_LAG``).
+MAX_TIMED = 1_000
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,12 @@ class SegmentCache:
         self._loading: dict[tuple[str, str], asyncio.Future[SegmentSnapshot]] = {}
         self._rng = np.random.default_rng()  # only the event loop builds
         self.loads = 0  # first-use loads from PostgreSQL (tests and benchmarks read it)
+        # Provisional folds: segment -> event id -> (arm id, increment); event id -> segment.
+        self._overlay: dict[tuple[str, str], dict[str, tuple[str, Increment]]] = {}
+        self._overlay_of: dict[str, tuple[str, str]] = {}
+        # Segments whose overlay changed, with the publish times of the folds they wait for.
+        self._dirty: dict[tuple[str, str], list[float]] = {}
+        self._rebuild_soon: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -252,6 +267,57 @@ class SegmentCache:
             self._put(self._build(snap, segment, Stats(w, s, ss), entry.prior, entry.read_at))
         return changed
 
+    def provisional(
+        self, endpoint: str, segment: str, event_id: str, arm_id: str, inc: Increment, *, since: float = 0.0
+    ) -> bool:
+        """Add a published, uncommitted reward to a cached segment until ``settle`` names its
+        event (call on the event loop, after the endpoint cache took the same event: it owns
+        the event's lifecycle). False when the segment is not cached or the arm is unknown."""
+        key = (endpoint, segment)
+        entry = self._entries.get(key)
+        if not segment or entry is None or arm_id not in entry.arm_ids or event_id in self._overlay_of:
+            return False
+        self._overlay.setdefault(key, {})[event_id] = (arm_id, inc)
+        self._overlay_of[event_id] = key
+        self._changed(key, since)
+        return True
+
+    def settle(self, event_ids: Iterable[str]) -> None:
+        """These events were settled (or expired): drop their provisional folds."""
+        if not self._overlay_of:
+            return
+        for event_id in event_ids:
+            key = self._overlay_of.pop(event_id, None)
+            if key is None:
+                continue
+            folds = self._overlay.get(key)
+            if folds is not None:
+                folds.pop(event_id, None)
+                if not folds:
+                    del self._overlay[key]
+            self._changed(key)
+
+    def _changed(self, key: tuple[str, str], since: float = 0.0) -> None:
+        timed = self._dirty.setdefault(key, [])
+        if since > 0 and len(timed) < MAX_TIMED:
+            timed.append(since)
+        if self._rebuild_soon is None:
+            self._rebuild_soon = asyncio.get_running_loop().call_later(PROVISIONAL_REBUILD_S, self._rebuild_dirty)
+
+    def _rebuild_dirty(self) -> None:
+        """Rebuild every segment whose provisional folds changed (on the event loop, as `fold`)."""
+        self._rebuild_soon = None
+        dirty, self._dirty = self._dirty, {}
+        for key, timed in dirty.items():
+            entry = self._entries.get(key)
+            snap = self._endpoints.cached(key[0])
+            if entry is None or snap is None or not entry.fits(snap):
+                continue
+            self._put(self._build(snap, key[1], entry.own, entry.prior, entry.read_at))
+            now = time.time()
+            for since in timed:
+                FOLD_LAG.labels("provisional_segment").observe(max(0.0, now - since))
+
     def fold_many(
         self, increments: Mapping[tuple[str, str, str], Increment], *, committed_at: float | None = None
     ) -> int:
@@ -299,12 +365,21 @@ class SegmentCache:
         """The segment's snapshot; with ``reuse``, the cached one when its inputs are the same
         (an idle segment keeps its distribution instead of drawing it again every pass)."""
         basis = (tuple(snap.caps.tolist()), snap.policy)
-        old = self._entries.get((snap.name, segment)) if reuse else None
+        overlay = self._overlay.get((snap.name, segment))
+        old = self._entries.get((snap.name, segment)) if reuse and not overlay else None
         if old is not None:
             new = replace(old, own=own, prior=prior, basis=basis, arm_ids=snap.arm_ids, statuses=snap.statuses)
             if old.same(new):
                 return replace(old, read_at=read_at)
         total = Stats(own.w + prior.w, own.s + prior.s, own.ss + prior.ss)
+        if overlay:  # provisional folds on top: in the probabilities, never in ``own``
+            index = {a: i for i, a in enumerate(snap.arm_ids)}
+            for arm_id, inc in overlay.values():
+                i = index.get(arm_id)
+                if i is not None:
+                    total.w[i] += inc.w
+                    total.s[i] += inc.s
+                    total.ss[i] += inc.ss
         p = snap.probabilities_for(total, self._rng, m=self._draws)
         return SegmentSnapshot(
             endpoint=snap.name,
