@@ -26,7 +26,8 @@ decisions together):
 - ``provisional``: the SDK published the feedback (its ``meta.time``) -> the snapshot of the
   replica that made the decision has it folded provisionally (``provisional.py``), before any
   transaction: what that replica's Select waits for when the provisional fold is on;
-  ``delivered``, its first part: published -> received on that replica's subscription.
+  ``delivered``, its first part: published -> received on that replica's subscription;
+  ``prov_segment`` (``--world segmented``): the same for the segment's snapshot.
 
 The consumer's stages come from the replicas' ``flywheel_event_lag_seconds`` histogram (one event
 in 8), the folds from ``flywheel_optimizer_posterior_fold_lag_seconds{source}`` (one observation
@@ -71,7 +72,8 @@ LAG = "flywheel_event_lag_seconds"
 FOLD_LAG = "flywheel_optimizer_posterior_fold_lag_seconds"
 DELIVERED = "flywheel_optimizer_provisional_delivery_seconds"
 STAGES = ("busy", "fetch", "queue", "handle", "ack", "total")
-FOLDS = {"fold_own": "own", "fold_peer": "peer", "provisional": "provisional"}  # stage -> the fold histogram's source
+# stage name -> the fold histogram's source
+FOLDS = {"fold_own": "own", "fold_peer": "peer", "provisional": "provisional", "prov_segment": "provisional_segment"}
 DEFERRED = "flywheel_optimizer_feedback_deferred_total"
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -146,10 +148,10 @@ class RecordingStack(Stack):
 
 
 async def measure(
-    stack: RecordingStack, mode: Mode, horizon: int, k: int, seed: int, run: int, variant: str
+    stack: RecordingStack, mode: Mode, horizon: int, k: int, seed: int, run: int, variant: str, world_name: str
 ) -> tuple[dict[str, Any], Raw]:
     """One run of ``mode`` on the running replica: its row, and the raw samples to pool."""
-    world = make_world("stationary", "bernoulli", k, seed, horizon, 0.1, 100)
+    world = make_world(world_name, "bernoulli", k, seed, horizon, 0.1, 100)
     ports = [proc.metrics_port for proc in stack.replicas]
     before = scrape_all(ports)
     deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports)
@@ -244,7 +246,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     for name in args.modes.split(","):
                         mode = Mode(replicas, args.rate, 32) if name == "paced" else Mode(replicas, None, 8)
                         started = time.perf_counter()
-                        r, raw = await measure(stack, mode, args.horizon, args.k, args.seed + run, run, variant)
+                        r, raw = await measure(
+                            stack, mode, args.horizon, args.k, args.seed + run, run, variant, args.world
+                        )
                         pooled.setdefault((variant, r["mode"]), Raw()).add(raw)
                         log(f"{variant} {r['mode']}: {r['rate']}/s, {time.perf_counter() - started:.0f} s")
                         rows.append(r)
@@ -259,7 +263,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "seed": args.seed,
             "replicas": args.replicas,
-            "world": "stationary",
+            "world": args.world,
             "variants": {name: settings for name, settings in args.variants},
             **current(),
         },
@@ -301,6 +305,9 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,2", help="1, 2 or 1,2: the one-replica modes run first")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--world", choices=("stationary", "segmented"), default="stationary", help="segmented: times prov_segment"
+    )
     parser.add_argument("--variant", dest="variants", type=variant, action="append", default=[])
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(

@@ -90,11 +90,12 @@ def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
         if replicas > 1:
             names.append("fold_peer")  # a KeyError when missing: not a two-replica lag.py row
         found: dict[str, Any] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
-        provisional = r["stages"].get("provisional") or {}
-        if provisional.get("count"):
-            found["stages"]["provisional"] = provisional
-            # The share of the events folded provisionally (each event's publish is one sdk count).
-            found["provisional_share"] = min(1.0, provisional["count"] / max(1.0, r["stages"]["sdk"]["count"]))
+        for stage in ("provisional", "prov_segment"):
+            provisional = r["stages"].get(stage) or {}
+            if provisional.get("count"):
+                found["stages"][stage] = provisional
+                # The share of the events folded provisionally (each event's publish is one sdk count).
+                found[f"{stage}_share"] = min(1.0, provisional["count"] / max(1.0, r["stages"]["sdk"]["count"]))
         out[name] = found
     return out
 
@@ -116,8 +117,9 @@ def measured_extras(
     replica would; the other one gets it ``fold_peer`` after the stored -> applied instead of
     ``fold_own``. When the mode measured provisional folds, the replica that made the decision
     (decision t: replica t % 2) gets its reward after a ``provisional`` draw instead, for the
-    measured share of the events (the rest as above); not in a ``segmented`` world, whose
-    segment posteriors learn only at the commit."""
+    measured share of the events (the rest as above). A ``segmented`` world's decisions sample
+    their segment's posterior, so there the segment's provisional stage (``prov_segment``,
+    measured by ``lag.py --world segmented``) is used, and none when the file lacks it."""
     stages = mode["stages"]
     if mode["replicas"] == 1:
         extra = measured_extra(stages, horizon, rng)[None, :]
@@ -127,9 +129,10 @@ def measured_extras(
         peer = applied + quantile_sampler(stages["fold_peer"])(rng, horizon)
         applier = rng.integers(0, 2, size=horizon)
         extra = np.rint(np.where(applier == 0, [own, peer], [peer, own])).astype(np.int64)
-    if "provisional" in stages and not segmented:
-        early = np.rint(quantile_sampler(stages["provisional"])(rng, horizon)).astype(np.int64)
-        folded = rng.random(horizon) < mode.get("provisional_share", 1.0)
+    stage = "prov_segment" if segmented else "provisional"
+    if stage in stages:
+        early = np.rint(quantile_sampler(stages[stage])(rng, horizon)).astype(np.int64)
+        folded = rng.random(horizon) < mode.get(f"{stage}_share", 1.0)
         decider = np.arange(horizon) % extra.shape[0]
         mine = decider[None, :] == np.arange(extra.shape[0])[:, None]
         extra = np.where(mine & folded[None, :], np.minimum(extra, early[None, :]), extra)
@@ -237,12 +240,23 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a lag.py results file: also replay each of its modes' measured lag distribution",
     )
+    ap.add_argument(
+        "--measured-segmented",
+        type=Path,
+        default=None,
+        help="a lag.py --world segmented results file: its modes' prov_segment stage prices the segmented worlds",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag-replay.json")
     args = ap.parse_args(argv)
     measured = None
     if args.measured is not None:
         try:
             measured = measured_lags(args.measured)
+            if args.measured_segmented is not None:
+                for name, mode in measured_lags(args.measured_segmented).items():
+                    if name in measured and "prov_segment" in mode["stages"]:
+                        measured[name]["stages"]["prov_segment"] = mode["stages"]["prov_segment"]
+                        measured[name]["prov_segment_share"] = mode["prov_segment_share"]
             for mode in measured.values():
                 for stage in mode["stages"].values():
                     quantile_sampler(stage)
@@ -260,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "jitter": args.jitter,
         "measured": measured,
         "measured_from": str(args.measured) if args.measured else None,
+        "measured_segmented_from": str(args.measured_segmented) if args.measured_segmented else None,
     }
     figures = replay(params)
     by_lag = figures["mean_ratio_by_lag"].items()

@@ -133,6 +133,28 @@ def test_two_replicas_get_each_reward_one_applied_the_other_a_hop_later(replay) 
         replay.measured_extras({"replicas": 2, "stages": {"sdk": none, "total": none}}, 5, np.random.default_rng(0))
 
 
+def test_the_deciding_replica_gets_a_provisional_fold_first_and_segments_their_own_stage(replay) -> None:
+    slow, none = _stage(100, 100, 100), _stage(0, 0, 0)
+    stages = {"sdk": none, "total": slow, "fold_own": none, "fold_peer": _stage(40, 40, 40)}
+    early = {"provisional": {**_stage(5, 5, 5), "count": 4000}}
+    mode = {"replicas": 2, "stages": {**stages, **early}, "provisional_share": 1.0}
+    extra = replay.measured_extras(mode, 4000, np.random.default_rng(0))
+    decider = np.arange(4000) % 2
+    mine = extra[decider, np.arange(4000)]
+    other = extra[1 - decider, np.arange(4000)]
+    # The replica that made decision t has its reward ~5 decisions later; the other one by the commit.
+    assert np.median(mine) == pytest.approx(5, abs=1) and np.median(other) >= 100
+    # Half the events folded provisionally: the others wait for the commit at the decider too.
+    half = replay.measured_extras({**mode, "provisional_share": 0.5}, 4000, np.random.default_rng(0))
+    assert 0.4 < (half[decider, np.arange(4000)] <= 6).mean() < 0.6
+    # A segmented world samples the segment's posterior: its own stage, or none when not measured.
+    seg = replay.measured_extras(mode, 4000, np.random.default_rng(0), segmented=True)
+    assert np.median(seg[decider, np.arange(4000)]) >= 100
+    with_seg = {**mode, "stages": {**mode["stages"], "prov_segment": {**_stage(9, 9, 9), "count": 4000}}}
+    seg = replay.measured_extras(with_seg, 4000, np.random.default_rng(0), segmented=True)
+    assert np.median(seg[decider, np.arange(4000)]) == pytest.approx(9, abs=1)
+
+
 def test_replicas_of_the_policy_are_the_policy_when_they_see_the_same(replay) -> None:
     run_replicas = sys.modules["inprocess"].run_replicas
     for name in ("stationary", "delayed", "drift", "segmented"):

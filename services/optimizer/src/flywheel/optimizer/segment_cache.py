@@ -18,8 +18,8 @@ refresh (or fold), never per Select, so a segmented Select is one weighted draw 
 - **Provisional folds** (`provisional`, see ``provisional.py``): a reward for one of this
   replica's decisions, published but not committed yet, is added on top of the segment's
   statistics, keyed by its event id, until ``settle`` names that event (the endpoint cache owns
-  each event's lifecycle: its commit, a peer's NOTIFY, or its expiry). Bursts share one rebuild
-  ``PROVISIONAL_REBUILD_S`` later.
+  each event's lifecycle: its commit, a peer's NOTIFY, or its expiry). Such segments are
+  rebuilt in coalesced passes in a worker thread (``PROVISIONAL_PASS_S``).
 - **Bound**: at most ``max_segments`` entries, least recently used evicted first.
 """
 
@@ -48,8 +48,11 @@ log = get_logger(__name__)
 # Joint posterior draws behind a segment's selection probabilities (built once per refresh
 # or fold; a Select only samples from them). The endpoint's own use snapshot.PROPENSITY_DRAWS.
 SEGMENT_DRAWS = 2000
-# Provisional folds that arrive within this long of each other share one rebuild of a segment.
-PROVISIONAL_REBUILD_S = 0.002
+# Segments changed by provisional folds are rebuilt in passes, in a worker thread (the event loop
+# keeps serving), at most one pass per this long or per the last pass's own duration if longer;
+# folds that arrive meanwhile share the next pass. Each pass draws PROVISIONAL_DRAWS per segment.
+PROVISIONAL_PASS_S = 0.005
+PROVISIONAL_DRAWS = 1000
 # At most this many provisional folds per segment wait to be timed (``cache.FOLD_LAG``).
 MAX_TIMED = 1_000
 
@@ -128,7 +131,9 @@ class SegmentCache:
         self._overlay_of: dict[str, tuple[str, str]] = {}
         # Segments whose overlay changed, with the publish times of the folds they wait for.
         self._dirty: dict[tuple[str, str], list[float]] = {}
-        self._rebuild_soon: asyncio.TimerHandle | None = None
+        self._passes: asyncio.Task[None] | None = None
+        self._next_pass = 0.0  # monotonic time before which no pass starts
+        self._pass_rng = np.random.default_rng()  # only the pass's worker thread draws with it
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -301,22 +306,57 @@ class SegmentCache:
         timed = self._dirty.setdefault(key, [])
         if since > 0 and len(timed) < MAX_TIMED:
             timed.append(since)
-        if self._rebuild_soon is None:
-            self._rebuild_soon = asyncio.get_running_loop().call_later(PROVISIONAL_REBUILD_S, self._rebuild_dirty)
+        if self._passes is None:
+            self._passes = asyncio.get_running_loop().create_task(self._rebuild_passes())
 
-    def _rebuild_dirty(self) -> None:
-        """Rebuild every segment whose provisional folds changed (on the event loop, as `fold`)."""
-        self._rebuild_soon = None
-        dirty, self._dirty = self._dirty, {}
-        for key, timed in dirty.items():
-            entry = self._entries.get(key)
-            snap = self._endpoints.cached(key[0])
-            if entry is None or snap is None or not entry.fits(snap):
-                continue
-            self._put(self._build(snap, key[1], entry.own, entry.prior, entry.read_at))
-            now = time.time()
-            for since in timed:
-                FOLD_LAG.labels("provisional_segment").observe(max(0.0, now - since))
+    async def _rebuild_passes(self) -> None:
+        """Rebuild the segments whose provisional folds changed until none is left, one pass at a
+        time: inputs taken on the loop, draws in a worker thread, entries replaced on the loop
+        unless a commit's fold or a refresh replaced them meanwhile (with the overlay as it was)."""
+        try:
+            while self._dirty:
+                wait = self._next_pass - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)  # later folds join this pass
+                dirty, self._dirty = self._dirty, {}
+                jobs = []
+                for key, timed in dirty.items():
+                    entry, snap = self._entries.get(key), self._endpoints.cached(key[0])
+                    if entry is not None and snap is not None and entry.fits(snap):
+                        jobs.append((key, timed, entry, snap, self._total(snap, key[1], entry.own, entry.prior)))
+                started = time.monotonic()
+                drawn = await asyncio.to_thread(self._draw, [(snap, total) for _, _, _, snap, total in jobs])
+                self._next_pass = time.monotonic() + max(PROVISIONAL_PASS_S, time.monotonic() - started)
+                now = time.time()
+                for (key, timed, entry, _, _), p in zip(jobs, drawn, strict=True):
+                    if self._entries.get(key) is not entry:
+                        continue
+                    self._put(replace(entry, probabilities=p, cdf=[float(x) for x in np.cumsum(p)]))
+                    for since in timed:
+                        FOLD_LAG.labels("provisional_segment").observe(max(0.0, now - since))
+        except Exception as exc:  # noqa: BLE001 - the next fold or refresh rebuilds them
+            log.warning("segment rebuild failed", error=repr(exc))
+        finally:
+            self._passes = None
+
+    def _draw(self, jobs: list[tuple[EndpointSnapshot, Stats]]) -> list[np.ndarray]:
+        m = min(self._draws, PROVISIONAL_DRAWS)
+        return [snap.probabilities_for(total, self._pass_rng, m=m) for snap, total in jobs]
+
+    def _total(self, snap: EndpointSnapshot, segment: str, own: Stats, prior: Stats) -> Stats:
+        """What a segment's probabilities are drawn from: its own statistics, its borrowed prior,
+        and its provisional folds on top."""
+        total = Stats(own.w + prior.w, own.s + prior.s, own.ss + prior.ss)
+        overlay = self._overlay.get((snap.name, segment))
+        if overlay:
+            index = {a: i for i, a in enumerate(snap.arm_ids)}
+            for arm_id, inc in overlay.values():
+                i = index.get(arm_id)
+                if i is not None:
+                    total.w[i] += inc.w
+                    total.s[i] += inc.s
+                    total.ss[i] += inc.ss
+        return total
 
     def fold_many(
         self, increments: Mapping[tuple[str, str, str], Increment], *, committed_at: float | None = None
@@ -371,15 +411,7 @@ class SegmentCache:
             new = replace(old, own=own, prior=prior, basis=basis, arm_ids=snap.arm_ids, statuses=snap.statuses)
             if old.same(new):
                 return replace(old, read_at=read_at)
-        total = Stats(own.w + prior.w, own.s + prior.s, own.ss + prior.ss)
-        if overlay:  # provisional folds on top: in the probabilities, never in ``own``
-            index = {a: i for i, a in enumerate(snap.arm_ids)}
-            for arm_id, inc in overlay.values():
-                i = index.get(arm_id)
-                if i is not None:
-                    total.w[i] += inc.w
-                    total.s[i] += inc.s
-                    total.ss[i] += inc.ss
+        total = self._total(snap, segment, own, prior)  # provisional folds in the draws, never in ``own``
         p = snap.probabilities_for(total, self._rng, m=self._draws)
         return SegmentSnapshot(
             endpoint=snap.name,
