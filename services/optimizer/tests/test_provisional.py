@@ -279,3 +279,24 @@ async def test_a_segment_serves_its_provisional_folds_until_they_are_settled_or_
     assert cache.expire_provisional() == 10
     await asyncio.sleep(0.05)
     assert not segments._overlay and not segments._overlay_of
+
+
+async def test_a_transaction_tells_other_replicas_only_of_events_whose_decisions_they_made(monkeypatch):
+    from flywheel.optimizer import notify, service
+    from flywheel.optimizer.service import FeedbackItem
+
+    cache = _cache()
+    recent = RecentDecisions(100)
+    recent.add_many([SimpleNamespace(decision_id="mine", endpoint="bot", arm_id="a", features=None, segment="")])
+    cache.track_provisional(recent)
+    sent: dict[str, object] = {}
+
+    async def announce(session, **kwargs):
+        sent.update(kwargs)
+        return 11, 100.0
+
+    monkeypatch.setattr(notify, "announce", announce)
+    items = [FeedbackItem("e-mine", "mine", 1.0, {}), FeedbackItem("e-theirs", "theirs", 1.0, {})]
+    batch = await service._announce(None, cache, {("bot", "a", ""): _inc(1.0)}, {"bot": 0.0}, items)  # type: ignore[arg-type]
+    assert sent["settled"] == ["e-theirs"]  # the other replica folded that one provisionally
+    assert batch.settled == ("e-mine", "e-theirs")  # this replica settles both

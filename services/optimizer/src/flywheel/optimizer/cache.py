@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import Counter, Histogram
@@ -47,6 +47,9 @@ from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
 from flywheel.optimizer.spec import LINEAR, PolicyConfig
 from flywheel.optimizer.stats import Increment
+
+if TYPE_CHECKING:  # provisional.py imports this module
+    from flywheel.optimizer.provisional import RecentDecisions
 
 log = get_logger(__name__)
 
@@ -152,9 +155,9 @@ class PosteriorCache:
         # finds the same inputs again reuses that snapshot. (Not whatever ``_snapshots`` holds:
         # a refresh that read before a concurrent load may have put an older one back there.)
         self._built: dict[str, tuple[tuple[Any, ...], EndpointSnapshot]] = {}
-        # Provisional folds (``provisional``): set by the service when it folds them; then its
-        # feedback transactions name the events they settle (``service.FoldSink``).
-        self.tracks_provisional = False
+        # This replica's recent decisions, set when it folds provisionally (``provisional.py``):
+        # then its feedback transactions name the events they settle (``service.FoldSink``).
+        self._recent: RecentDecisions | None = None
         # event id -> (endpoint, when folded (monotonic)), oldest first: for settling and expiry.
         self._provisional: dict[str, tuple[str, float]] = {}
         self._settled: dict[str, None] = {}  # recently settled event ids, oldest first
@@ -386,6 +389,19 @@ class PosteriorCache:
             self._fold(notice.endpoint, notice.fold, "peer", notice.sent)
 
     # --- provisional folds -----------------------------------------------------------------
+
+    def track_provisional(self, recent: RecentDecisions) -> None:
+        """Fold provisionally the feedback of the decisions in ``recent`` (this replica's)."""
+        self._recent = recent
+
+    @property
+    def tracks_provisional(self) -> bool:
+        return self._recent is not None
+
+    def decided_here(self, decision_id: str) -> bool:
+        """Whether this replica made the decision (and so folded its feedback provisionally
+        itself: no other replica needs to hear that it was settled)."""
+        return self._recent is not None and self._recent.get(decision_id) is not None
 
     def provisional(self, name: str, event_id: str, arm_id: str, inc: Increment, *, since: float = 0.0) -> bool:
         """Fold one feedback event into the endpoint's snapshot before any transaction has

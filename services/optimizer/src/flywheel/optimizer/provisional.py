@@ -117,7 +117,7 @@ class ProvisionalFolder:
     async def run(self, nc: Nats, subject: str) -> None:
         """Fold until cancelled (a background task of the service); the NATS client
         resubscribes after a reconnect by itself."""
-        self._cache.tracks_provisional = True
+        self._cache.track_provisional(self._recent)
         sub = await nc.subscribe(
             subject, cb=self._received, pending_msgs_limit=PENDING_MESSAGES, pending_bytes_limit=PENDING_BYTES
         )

@@ -498,7 +498,7 @@ async def apply_feedback_batch(
     # Every event this transaction settles (applied, a duplicate, or refused for good): a replica
     # that folded one provisionally drops that fold when it learns of the commit.
     settled = (
-        [it.event_id for it, o in zip(items, outcomes, strict=True) if type(o) is FeedbackOutcome or _final(o)]
+        [it for it, o in zip(items, outcomes, strict=True) if type(o) is FeedbackOutcome or _final(o)]
         if folds is not None and folds.tracks_provisional
         else []
     )
@@ -527,9 +527,13 @@ class FoldSink(Protocol):
 
     # This replica's id in its notifications to the others ("" sends none).
     replica: str
+
     # Whether replicas fold feedback provisionally (``provisional.py``): then each transaction
     # also says which event ids it settled.
-    tracks_provisional: bool
+    @property
+    def tracks_provisional(self) -> bool: ...
+
+    def decided_here(self, decision_id: str) -> bool: ...
 
     def committed(self, batch: FoldBatch) -> None: ...
 
@@ -539,7 +543,7 @@ async def _announce(
     folds: FoldSink,
     increments: dict[tuple[str, str, str], stats.Increment],
     clocks: dict[str, float],
-    settled: list[str],
+    settled: list[FeedbackItem],
 ) -> FoldBatch:
     endpoint_wide: dict[str, dict[str, stats.Increment]] = defaultdict(dict)
     segments = {}
@@ -549,9 +553,17 @@ async def _announce(
         else:
             endpoint_wide[endpoint][arm_id] = inc
     clocks = {e: clocks.get(e, 0.0) for e in endpoint_wide}
+    # The other replicas hear only of the events whose decisions this one did not make: the
+    # provisional fold of one it made is its own, dropped right after the commit.
+    elsewhere = [it.event_id for it in settled if not folds.decided_here(it.decision_id)]
     xid, at = await notify.announce(
-        session, replica=folds.replica or None, endpoints=endpoint_wide, clocks=clocks, settled=settled
+        session, replica=folds.replica or None, endpoints=endpoint_wide, clocks=clocks, settled=elsewhere
     )
     return FoldBatch(
-        xid=xid, at=at, endpoints=dict(endpoint_wide), segments=segments, clocks=clocks, settled=tuple(settled)
+        xid=xid,
+        at=at,
+        endpoints=dict(endpoint_wide),
+        segments=segments,
+        clocks=clocks,
+        settled=tuple(it.event_id for it in settled),
     )
