@@ -60,6 +60,7 @@ DELIVERY = Histogram(
     "subscription, for the events of this replica's decisions",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 5),
 )
+_SEEN = {o: SEEN.labels(o) for o in ("folded", "elsewhere", "invalid", "not_folded")}  # resolved once
 # The subscription's buffer in the NATS client: past it, messages are dropped (and folded only
 # at their commit), so a replica that falls behind never holds more than this.
 PENDING_MESSAGES = 20_000
@@ -128,7 +129,7 @@ class ProvisionalFolder:
                 await sub.unsubscribe()
 
     async def _received(self, msg: Msg) -> None:
-        SEEN.labels(self.fold(msg.data, msg.headers)).inc()
+        _SEEN[self.fold(msg.data, msg.headers)].inc()
 
     def fold(self, payload: bytes, headers: dict[str, str] | None) -> str:
         """Fold one published feedback message if its decision is this replica's; what became of it."""
