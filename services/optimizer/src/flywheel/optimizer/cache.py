@@ -3,10 +3,12 @@
 Select samples from the cached snapshot of its endpoint, which changes when
 
 - this replica commits feedback: right after the commit its increments are added to the
-  cached counts (``committed``, see ``fold.py``) and the snapshot's probabilities are rebuilt
-  in a worker thread, one rebuild per endpoint at a time and at most one per
-  ``rebuild_interval_s`` (or per rebuild's own duration, if longer): folds that arrive
-  meanwhile accumulate and share the next rebuild;
+  cached counts (``committed``, see ``fold.py``) and the snapshot's probabilities are rebuilt,
+  one rebuild per endpoint at a time, starting at most one per ``rebuild_interval_s`` (or per
+  twice the last rebuild's duration, if longer): folds that arrive meanwhile accumulate and
+  share the next rebuild. A Beta snapshot's rebuild reweights the draws of the last one on
+  the event loop (``reweight.py``: no new draw, no thread); when those draws no longer serve,
+  it draws again in a worker thread;
 - another replica commits feedback: its NOTIFY carries the increments (``notice``, see
   ``notify.py``), folded the same way;
 - feedback for one of this replica's decisions is published: it is folded provisionally
@@ -26,6 +28,7 @@ Segment posteriors are cached by ``segment_cache.SegmentCache``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -59,8 +62,12 @@ FOLDS = Counter(
     ["source"],
 )
 REBUILDS = Counter(
-    "flywheel_optimizer_posterior_rebuilds_total", "Snapshots rebuilt from folded feedback (one may cover many folds)"
+    "flywheel_optimizer_posterior_rebuilds_total",
+    "Snapshots rebuilt from folded feedback (one may cover many folds), by how: reweighted (the last "
+    "rebuild's draws reweighted on the event loop) or drawn (new draws, in a worker thread)",
+    ["how"],
 )
+_REWEIGHTED, _DRAWN = REBUILDS.labels("reweighted"), REBUILDS.labels("drawn")
 FOLD_LAG = Histogram(
     "flywheel_optimizer_posterior_fold_lag_seconds",
     "Committed feedback to the snapshot Select samples from reflecting it, by source: own (from this "
@@ -72,6 +79,9 @@ FOLD_LAG = Histogram(
 MAX_PENDING_FOLDS = 10_000
 # At most this many folds per endpoint wait to be timed (``FOLD_LAG``); more are not timed.
 MAX_TIMED_FOLDS = 1_000
+# A rebuild on the event loop adds the provisional folds one by one: with more than this many
+# it goes to the worker thread instead (a consumer that has fallen far behind).
+MAX_LOOP_PROVISIONAL = 2_000
 PROVISIONAL = Counter(
     "flywheel_optimizer_provisional_folds_total",
     "Feedback folded provisionally into a cached posterior before its transaction commits, and how each "
@@ -128,7 +138,7 @@ class PosteriorCache:
         sessions: async_sessionmaker[AsyncSession],
         *,
         refresh_interval_s: float = 0.5,
-        rebuild_interval_s: float = 0.005,
+        rebuild_interval_s: float = 0.002,
         fold_draws: int = snapshot.PROPENSITY_DRAWS,
         replica: str = "",
         announce: Callable[[str], Awaitable[None]] | None = None,
@@ -345,6 +355,7 @@ class PosteriorCache:
             )
         else:
             snap = self._base_snapshot(inp)
+        snap = _carry_draws(self._snapshots.get(name), snap)
         if entry is None:
             entry = self._entries[name] = _Entry(seen=seen, counts=counts, folds={})
         entry.seen, entry.counts, entry.folds = seen, counts, {f.xid: f for f in kept}
@@ -523,21 +534,45 @@ class PosteriorCache:
                     await asyncio.sleep(wait)  # later folds accumulate meanwhile
                     continue  # a refresh may have covered them
                 version, counts, base = entry.version, entry.counts, self._snapshots[name]
-                provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
                 started = time.monotonic()
-                snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
+                snap = self._reweighted(base, counts, entry.provisional)
+                if snap is None:
+                    provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
+                    snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
+                    _DRAWN.inc()
+                else:
+                    _REWEIGHTED.inc()
                 took = time.monotonic() - started
-                entry.next_rebuild = time.monotonic() + max(self._rebuild_interval, took)
+                entry.next_rebuild = started + max(self._rebuild_interval, 2 * took)
                 if self._entries.get(name) is entry and version > entry.built:
                     self._snapshots[name] = snap
                     entry.built = version
-                    REBUILDS.inc()
                     self._release(entry)
         except Exception as exc:  # noqa: BLE001 - the next refresh rebuilds it; waiters read instead
             log.warning("posterior rebuild failed", endpoint=name, error=repr(exc))
             self._release(entry, ok=False)
         finally:
             entry.rebuilding = None
+
+    @staticmethod
+    def _reweighted(
+        base: EndpointSnapshot, counts: Counts, provisional: dict[str, tuple[str, Increment]]
+    ) -> EndpointSnapshot | None:
+        """The rebuild by reweighting ``base``'s draws, on the event loop (None: draw again)."""
+        if base.draw_set is None or len(provisional) > MAX_LOOP_PROVISIONAL:
+            return None
+        if provisional:
+            counts = _with_provisional(counts, base.arm_ids, provisional)
+        snap = snapshot.reweighted(
+            base,
+            stats=counts.stats,
+            pulls=counts.pulls,
+            reward_sums=counts.reward_sums,
+            now=fold.from_epoch(counts.as_of),
+        )
+        if snap is not None:
+            _ = snap.cdf  # computed here, not by the first Select
+        return snap
 
     def _rebuilt(
         self, base: EndpointSnapshot, counts: Counts, provisional: list[tuple[str, Increment]]
@@ -604,6 +639,22 @@ def snapshot_inputs(row: Any, arms: list[Any], agg: Stats) -> tuple[Any, ...]:
         tuple((a.arm_id, a.status, a.traffic_cap, a.pulls, a.reward_sum, a.params) for a in arms),
         tuple(None if x is None else (x.shape, x.tobytes()) for x in arrays),
     )
+
+
+def _carry_draws(old: EndpointSnapshot | None, new: EndpointSnapshot) -> EndpointSnapshot:
+    """``new`` (a read) with ``old``'s kept draws, when they are draws of the same live arms
+    under the same policy: its next fold reweights them rather than drawing again."""
+    if old is None or old.draw_set is None or new.draw_set is not None:
+        return new
+    if old.policy != new.policy or old.arm_ids != new.arm_ids or old.statuses != new.statuses:
+        return new
+    if not np.array_equal(old.caps, new.caps):
+        return new
+    out = dataclasses.replace(new, draw_set=old.draw_set)
+    for cached in ("cdf", "params_structs"):  # computed once per snapshot: keep them
+        if cached in new.__dict__:
+            out.__dict__[cached] = new.__dict__[cached]
+    return out
 
 
 def _with_provisional(

@@ -19,7 +19,12 @@ refresh (or fold), never per Select, so a segmented Select is one weighted draw 
   replica's decisions, published but not committed yet, is added on top of the segment's
   statistics, keyed by its event id, until ``settle`` names that event (the endpoint cache owns
   each event's lifecycle: its commit, a peer's NOTIFY, or its expiry). Such segments are
-  rebuilt in coalesced passes in a worker thread (``PROVISIONAL_PASS_S``).
+  rebuilt in coalesced passes (``PROVISIONAL_PASS_S``).
+- **Draws**: a segment's last Beta draws are kept (``reweight.py``, at most ``draw_set_bytes``
+  of them, least recently used dropped first), so that a fold, a provisional pass or a refresh
+  reweights them on the event loop instead of drawing again; when they no longer serve (too
+  little effective sample size left, a rule that is not a share of wins) it draws again, in a
+  worker thread for a provisional pass.
 - **Bound**: at most ``max_segments`` entries, least recently used evicted first.
 """
 
@@ -35,7 +40,7 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flywheel.core.logging import get_logger
-from flywheel.optimizer import stats
+from flywheel.optimizer import reweight, stats
 from flywheel.optimizer.cache import FOLD_LAG, PosteriorCache
 from flywheel.optimizer.policies import segments
 from flywheel.optimizer.posterior import Stats
@@ -48,11 +53,14 @@ log = get_logger(__name__)
 # Joint posterior draws behind a segment's selection probabilities (built once per refresh
 # or fold; a Select only samples from them). The endpoint's own use snapshot.PROPENSITY_DRAWS.
 SEGMENT_DRAWS = 2000
-# Segments changed by provisional folds are rebuilt in passes, in a worker thread (the event loop
-# keeps serving), at most one pass per this long or per the last pass's own duration if longer;
-# folds that arrive meanwhile share the next pass. Each pass draws PROVISIONAL_DRAWS per segment.
-PROVISIONAL_PASS_S = 0.005
+# Segments changed by provisional folds are rebuilt in passes, at most one pass per this long or
+# per twice the last pass's own duration if longer; folds that arrive meanwhile share the next
+# pass. A pass reweights kept draws on the event loop; a segment whose draws cannot serve draws
+# PROVISIONAL_DRAWS again in a worker thread (the event loop keeps serving).
+PROVISIONAL_PASS_S = 0.002
 PROVISIONAL_DRAWS = 1000
+# Kept draws of all segments together (reweight.DrawSetStore): ~170 KB per segment of 10 arms.
+DRAW_SET_BYTES = 64 * 1024 * 1024
 # At most this many provisional folds per segment wait to be timed (``cache.FOLD_LAG``).
 MAX_TIMED = 1_000
 
@@ -96,6 +104,12 @@ class SegmentSnapshot:
         return self.fits_arms(snap.arm_ids, snap.statuses)
 
 
+def _draw_basis(basis: tuple[object, ...], snap: EndpointSnapshot) -> tuple[object, ...]:
+    """What a segment's kept draws must have been drawn under to be reweighted: the endpoint's
+    policy and caps and the same arms in the same states."""
+    return (basis, tuple(snap.arm_ids), tuple(snap.statuses))
+
+
 def _arrays(entry: SegmentSnapshot) -> tuple[np.ndarray, ...]:
     return (entry.own.w, entry.own.s, entry.own.ss, entry.prior.w, entry.prior.s, entry.prior.ss)
 
@@ -111,6 +125,7 @@ class SegmentCache:
         refresh_interval_s: float = 0.5,
         max_segments: int = 10_000,
         draws: int = SEGMENT_DRAWS,
+        draw_set_bytes: int = DRAW_SET_BYTES,
     ) -> None:
         if max_segments < 1:
             raise ValueError("max_segments must be at least 1")
@@ -134,6 +149,7 @@ class SegmentCache:
         self._passes: asyncio.Task[None] | None = None
         self._next_pass = 0.0  # monotonic time before which no pass starts
         self._pass_rng = np.random.default_rng()  # only the pass's worker thread draws with it
+        self._draw_sets = reweight.DrawSetStore(draw_set_bytes)  # by (endpoint, segment)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -237,6 +253,7 @@ class SegmentCache:
     def _drop_endpoint(self, name: str) -> None:
         for key in [k for k in self._entries if k[0] == name]:
             self._entries.pop(key, None)
+            self._draw_sets.pop(key)
 
     # --- feedback --------------------------------------------------------------------------
 
@@ -325,12 +342,23 @@ class SegmentCache:
                     if entry is not None and snap is not None and entry.fits(snap):
                         jobs.append((key, timed, entry, snap, self._total(snap, key[1], entry.own, entry.prior)))
                 started = time.monotonic()
-                drawn = await asyncio.to_thread(self._draw, [(snap, total) for _, _, _, snap, total in jobs])
-                self._next_pass = time.monotonic() + max(PROVISIONAL_PASS_S, time.monotonic() - started)
+                # Kept draws reweighted here, on the loop; the others drawn in a worker thread.
+                results: list[tuple[np.ndarray, reweight.DrawSet | None] | None] = [
+                    self._reweighted(key, entry.basis, snap, total) for key, _, entry, snap, total in jobs
+                ]
+                redraw = [i for i, r in enumerate(results) if r is None]
+                if redraw:
+                    drawn = await asyncio.to_thread(self._draw, [(jobs[i][3], jobs[i][4]) for i in redraw])
+                    for i, out in zip(redraw, drawn, strict=True):
+                        results[i] = out
+                self._next_pass = started + max(PROVISIONAL_PASS_S, 2 * (time.monotonic() - started))
                 now = time.time()
-                for (key, timed, entry, _, _), p in zip(jobs, drawn, strict=True):
-                    if self._entries.get(key) is not entry:
+                for (key, timed, entry, snap, _), result in zip(jobs, results, strict=True):
+                    if self._entries.get(key) is not entry or result is None:
                         continue
+                    p, drawn_set = result
+                    if drawn_set is not None:
+                        self._draw_sets.put(key, _draw_basis(entry.basis, snap), drawn_set)
                     self._put(replace(entry, probabilities=p, cdf=[float(x) for x in np.cumsum(p)]))
                     for since in timed:
                         FOLD_LAG.labels("provisional_segment").observe(max(0.0, now - since))
@@ -339,9 +367,17 @@ class SegmentCache:
         finally:
             self._passes = None
 
-    def _draw(self, jobs: list[tuple[EndpointSnapshot, Stats]]) -> list[np.ndarray]:
+    def _reweighted(
+        self, key: tuple[str, str], basis: tuple[object, ...], snap: EndpointSnapshot, total: Stats
+    ) -> tuple[np.ndarray, None] | None:
+        """A segment's probabilities from its kept draws reweighted to ``total`` (None: draw again)."""
+        kept = self._draw_sets.get(key, _draw_basis(basis, snap))
+        p = None if kept is None else snap.reweighted_for(kept, total)
+        return None if p is None else (p, None)
+
+    def _draw(self, jobs: list[tuple[EndpointSnapshot, Stats]]) -> list[tuple[np.ndarray, reweight.DrawSet | None]]:
         m = min(self._draws, PROVISIONAL_DRAWS)
-        return [snap.probabilities_for(total, self._pass_rng, m=m) for snap, total in jobs]
+        return [snap.drawn_for(total, self._pass_rng, m=m) for snap, total in jobs]
 
     def _total(self, snap: EndpointSnapshot, segment: str, own: Stats, prior: Stats) -> Stats:
         """What a segment's probabilities are drawn from: its own statistics, its borrowed prior,
@@ -412,7 +448,13 @@ class SegmentCache:
             if old.same(new):
                 return replace(old, read_at=read_at)
         total = self._total(snap, segment, own, prior)  # provisional folds in the draws, never in ``own``
-        p = snap.probabilities_for(total, self._rng, m=self._draws)
+        key = (snap.name, segment)
+        reused = self._reweighted(key, basis, snap, total)
+        if reused is not None:
+            p = reused[0]
+        else:
+            p, drawn = snap.drawn_for(total, self._rng, m=self._draws)
+            self._draw_sets.put(key, _draw_basis(basis, snap), drawn)
         return SegmentSnapshot(
             endpoint=snap.name,
             segment=segment,
@@ -431,4 +473,5 @@ class SegmentCache:
         self._entries[key] = entry
         self._entries.move_to_end(key)
         while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
+            evicted, _ = self._entries.popitem(last=False)
+            self._draw_sets.pop(evicted)

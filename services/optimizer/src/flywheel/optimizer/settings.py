@@ -48,9 +48,9 @@ class OptimizerSettings(ServiceSettings):
     # Feedback batches applied at once by one replica (each its own transaction; the dedup by
     # event id and the ordered row locks make that safe); more than one implies the prefetch.
     feedback_max_batches: int = Field(1, ge=1, le=8)
-    # A snapshot rebuilt from folds waits at least this long (or as long as its last rebuild
-    # took) after the previous one; folds arriving meanwhile share the next rebuild.
-    posterior_rebuild_interval_s: float = Field(0.005, ge=0, le=1)
+    # A snapshot's rebuild from folds starts at least this long (or twice as long as the last
+    # rebuild took) after the previous one started; folds arriving meanwhile share the next one.
+    posterior_rebuild_interval_s: float = Field(0.002, ge=0, le=1)
     # Joint posterior draws that estimate the selection probabilities of a snapshot rebuilt from
     # folds (a read uses 4000). Each Select still draws its arm with exactly the probabilities
     # it logs; fewer draws make a rebuild cheaper, so feedback reaches Select sooner.

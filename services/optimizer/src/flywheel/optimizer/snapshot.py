@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.struct_pb2 import Struct
 
-from flywheel.optimizer import posterior
+from flywheel.optimizer import posterior, reweight
 from flywheel.optimizer.policies import canary, ids, incumbent, selection
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.spec import ACTIVE, CANARY, IDS, LINEAR, RETIRED, PolicyConfig
@@ -46,6 +46,9 @@ class EndpointSnapshot:
     stored_incumbent: str
     created_at: datetime
     as_of: datetime
+    # The joint draws behind ``probabilities`` when a later fold may reweight them instead of
+    # drawing again (``reweight.py``): kept by rebuilds from folds, not by reads.
+    draw_set: reweight.DrawSet | None = None
 
     @cached_property
     def cdf(self) -> list[float]:
@@ -75,6 +78,20 @@ class EndpointSnapshot:
         """Selection probabilities over all arms for these statistics (retired arms 0)."""
         trial = trial_share_vector(self.policy, self.statuses, self.caps, self.pulls)
         return selection_probabilities(self.policy, stats, self.live, self.caps_of_live(), rng, x=x, m=m, trial=trial)
+
+    def drawn_for(
+        self, stats: Stats, rng: np.random.Generator, m: int = PROPENSITY_DRAWS
+    ) -> tuple[np.ndarray, reweight.DrawSet | None]:
+        """``probabilities_for``, with its draws kept when later changes can reweight them."""
+        trial = trial_share_vector(self.policy, self.statuses, self.caps, self.pulls)
+        p, _, draws = _drawn_probabilities(self.policy, stats, self.live, self.caps_of_live(), rng, m=m, trial=trial)
+        return p, None if draws is None else reweight.keep(self.policy, self.live, stats, draws)
+
+    def reweighted_for(self, draw_set: reweight.DrawSet, stats: Stats) -> np.ndarray | None:
+        """``probabilities_for`` from kept draws reweighted to ``stats`` (None: draw again)."""
+        trial = trial_share_vector(self.policy, self.statuses, self.caps, self.pulls)
+        out = reweight.probabilities(draw_set, self.policy, stats, self.live, self.caps_of_live(), trial)
+        return None if out is None else out[0]
 
 
 def trial_share_vector(policy: PolicyConfig, statuses: list[str], caps: np.ndarray, pulls: np.ndarray) -> np.ndarray:
@@ -118,10 +135,26 @@ def _probabilities(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(selection probabilities, probability each arm is best) over all arms, from one set of
     joint draws (retired arms 0 in both)."""
+    out, best, _ = _drawn_probabilities(policy, stats, live, caps, rng, x=x, m=m, trial=trial)
+    return out, best
+
+
+def _drawn_probabilities(
+    policy: PolicyConfig,
+    stats: Stats,
+    live: np.ndarray,
+    caps: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    x: np.ndarray | None = None,
+    m: int = PROPENSITY_DRAWS,
+    trial: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``_probabilities`` and the live arms' joint draws they came from (None: no live arm)."""
     idx = np.flatnonzero(live)
     out, best = np.zeros(len(live)), np.zeros(len(live))
     if not len(idx):
-        return out, best
+        return out, best, None
     live_stats = Stats(
         stats.w[idx],
         stats.s[idx],
@@ -136,7 +169,7 @@ def _probabilities(
     best[idx] = selection.action_probabilities(draws)
     if trial is not None and np.any(trial > 0):
         out = canary.trial_shares(out, trial > 0, trial)
-    return out, best
+    return out, best, draws
 
 
 def build(
@@ -155,6 +188,19 @@ def build(
     arm_ids = [a.arm_id for a in arms]
     statuses = [a.status for a in arms]
     caps = np.array([a.traffic_cap if a.status == CANARY else 1.0 for a in arms])
+    fields = _posterior_fields(
+        policy,
+        arm_ids,
+        statuses,
+        caps,
+        row.incumbent_arm_id,
+        stats,
+        np.array([a.pulls for a in arms], dtype=float) if pulls is None else pulls,
+        np.array([a.reward_sum for a in arms], dtype=float) if reward_sums is None else reward_sums,
+        now,
+        rng,
+    )
+    assert fields is not None  # drawn, not reused
     return EndpointSnapshot(
         name=row.name,
         description=row.description,
@@ -166,18 +212,7 @@ def build(
         caps=caps,
         stored_incumbent=row.incumbent_arm_id,
         created_at=row.created_at,
-        **_posterior_fields(
-            policy,
-            arm_ids,
-            statuses,
-            caps,
-            row.incumbent_arm_id,
-            stats,
-            np.array([a.pulls for a in arms], dtype=float) if pulls is None else pulls,
-            np.array([a.reward_sum for a in arms], dtype=float) if reward_sums is None else reward_sums,
-            now,
-            rng,
-        ),
+        **fields,
     )
 
 
@@ -192,24 +227,53 @@ def rebuild(
     draws: int = PROPENSITY_DRAWS,
 ) -> EndpointSnapshot:
     """``snap`` with new statistics (folded feedback): the same arms and settings, its
-    posterior fields computed again from ``draws`` joint posterior draws. Cheaper than
-    ``build``: nothing is parsed or copied."""
-    out = dataclasses.replace(
-        snap,
-        **_posterior_fields(
-            snap.policy,
-            snap.arm_ids,
-            snap.statuses,
-            snap.caps,
-            snap.stored_incumbent,
-            stats,
-            pulls,
-            reward_sums,
-            now,
-            rng,
-            draws,
-        ),
+    posterior fields computed again from ``draws`` joint posterior draws, which it keeps
+    for ``reweighted`` when they are Beta draws. Cheaper than ``build``: nothing is parsed
+    or copied."""
+    fields = _posterior_fields(
+        snap.policy,
+        snap.arm_ids,
+        snap.statuses,
+        snap.caps,
+        snap.stored_incumbent,
+        stats,
+        pulls,
+        reward_sums,
+        now,
+        rng,
+        draws,
+        keep=True,
     )
+    assert fields is not None  # drawn, not reused
+    return _replaced(snap, fields)
+
+
+def reweighted(
+    snap: EndpointSnapshot, *, stats: Stats, pulls: np.ndarray, reward_sums: np.ndarray, now: datetime
+) -> EndpointSnapshot | None:
+    """``rebuild`` without drawing: ``snap``'s kept draws reweighted to the new statistics
+    (``reweight.py``). None when they cannot serve them (none kept, a policy they do not fit,
+    too little effective sample size left): ``rebuild`` instead."""
+    if snap.draw_set is None:
+        return None
+    fields = _posterior_fields(
+        snap.policy,
+        snap.arm_ids,
+        snap.statuses,
+        snap.caps,
+        snap.stored_incumbent,
+        stats,
+        pulls,
+        reward_sums,
+        now,
+        None,
+        reuse=snap.draw_set,
+    )
+    return None if fields is None else _replaced(snap, fields)
+
+
+def _replaced(snap: EndpointSnapshot, fields: dict[str, Any]) -> EndpointSnapshot:
+    out = dataclasses.replace(snap, **fields)
     if "params_structs" in snap.__dict__:  # the same params: keep the Structs already built
         out.__dict__["params_structs"] = snap.__dict__["params_structs"]
     return out
@@ -225,17 +289,31 @@ def _posterior_fields(
     pulls: np.ndarray,
     reward_sums: np.ndarray,
     now: datetime,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None,
     draws: int = PROPENSITY_DRAWS,
-) -> dict[str, Any]:
-    """The fields of a snapshot that depend on its statistics."""
+    *,
+    keep: bool = False,
+    reuse: reweight.DrawSet | None = None,
+) -> dict[str, Any] | None:
+    """The fields of a snapshot that depend on its statistics: from ``draws`` new joint
+    draws (kept in ``draw_set`` if ``keep`` and reweightable), or from ``reuse`` reweighted
+    (None if it cannot serve)."""
     live = np.array([s != RETIRED for s in statuses])
     # Linear endpoints have no context-free policy; their reported probabilities use the
     # context-free reward posterior (Gaussian over the same w, s, ss).
     shown = PolicyConfig(kind="thompson_gaussian") if policy.kind == LINEAR else policy
     trial = trial_share_vector(policy, statuses, caps, pulls)
     # One set of draws gives both the selection probabilities and the probability of being best.
-    probabilities, best = _probabilities(shown, stats, live, caps, rng, m=draws, trial=trial)
+    draw_set = reuse
+    if reuse is not None:
+        reused = reweight.probabilities(reuse, shown, stats, live, caps, trial)
+        if reused is None:
+            return None
+        probabilities, best = reused
+    else:
+        assert rng is not None
+        probabilities, best, drawn = _drawn_probabilities(shown, stats, live, caps, rng, m=draws, trial=trial)
+        draw_set = reweight.keep(shown, live, stats, drawn) if keep and drawn is not None else None
     means, lo, hi = posterior.summaries(shown, stats)
     # Canaries are on trial: only active arms can be the incumbent.
     active = np.array([s == ACTIVE for s in statuses])
@@ -263,4 +341,5 @@ def _posterior_fields(
         "ci_high": hi,
         "incumbent": chosen or "",
         "as_of": now,
+        "draw_set": draw_set,
     }
