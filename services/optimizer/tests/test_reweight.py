@@ -170,3 +170,46 @@ async def test_the_cache_draws_once_then_reweights_each_fold_and_a_read_keeps_th
     s[3] += 2
     cache._install(_inputs((w, s)), PgSnapshot.parse("13:13:"), 0.0)
     assert cache.cached("bot").draw_set is first.draw_set
+
+
+async def test_a_segments_provisional_pass_reweights_its_kept_draws_without_a_thread(monkeypatch):
+    import asyncio
+
+    from flywheel.optimizer.segment_cache import SegmentCache
+
+    cache = PosteriorCache(sessions=None, rebuild_interval_s=0.0)  # type: ignore[arg-type]
+    cache._install(_inputs((W, S)), PgSnapshot.parse("10:10:"), 0.0)
+    segments = SegmentCache(sessions=None, endpoints=cache)  # type: ignore[arg-type]
+    snap = cache.cached("bot")
+    own = Stats(W / 2, S / 2, S / 2)
+    segments._put(segments._build(snap, "fr", own, Stats(np.zeros(10), np.zeros(10), np.zeros(10)), 0.0))
+    assert len(segments._draw_sets) == 1  # the segment's first draws were kept
+    before = segments.peek(snap, "fr").probabilities.copy()
+
+    def no_thread(jobs):
+        raise AssertionError("a pass whose draws serve must not draw again")
+
+    monkeypatch.setattr(segments, "_draw", no_thread)
+    one = stats.Increment()
+    one.add(1.0, None)
+    assert cache.provisional("bot", "e1", "a3", one)
+    assert segments.provisional("bot", "fr", "e1", "a3", one)
+    await asyncio.sleep(0.05)  # one pass
+    after = segments.peek(snap, "fr").probabilities
+    assert after[3] > before[3] and after.sum() == pytest.approx(1.0)
+
+
+def test_the_draw_set_store_keeps_at_most_its_bytes_least_recently_used_dropped_first():
+    policy = PolicyConfig(kind="thompson_beta")
+    live = np.ones(10, dtype=bool)
+    st = Stats(W, S, S)
+    one = reweight.keep(policy, live, st, np.random.default_rng(0).beta(S + 1, W - S + 1, size=(1000, 10)))
+    assert one is not None and one.nbytes == 2 * 1000 * 10 * 4 + 1000 * 4
+    store = reweight.DrawSetStore(max_bytes=2 * one.nbytes)
+    store.put("a", "basis", one)
+    store.put("b", "basis", one)
+    assert store.get("a", "basis") is one  # "b" is now the least recently used
+    assert store.get("a", "another policy") is None  # drawn under something else: not served
+    store.put("c", "basis", one)
+    assert store.get("b", "basis") is None and store.get("c", "basis") is one
+    assert len(store) == 2 and store.nbytes == 2 * one.nbytes
