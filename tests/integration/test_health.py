@@ -82,3 +82,26 @@ def test_not_serving_while_a_dependency_is_down(private_stack, dependency):
     wait_for_statuses(procs, dict.fromkeys(procs, "SERVING"), timeout_s=30.0)
     # Per-service health names follow the server-wide status.
     assert health_status(procs["optimizer"].address, "flywheel.api.optimizer.v1.SelectionService") == "SERVING"
+
+
+def test_a_service_whose_chosen_port_was_taken_meanwhile_starts_on_new_ones(private_stack, tmp_path):
+    """Ports are chosen free, then bound by the service a moment later: if another process
+    takes one in between, the service is started again on new ports, not failed."""
+    import socket
+
+    servers, _ = private_stack
+    proc = ServiceProcess("evaluator", env=servers.env(), log_dir=tmp_path)
+    taken = proc.grpc_port
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", taken))
+    squatter.listen()
+    try:
+        proc.start()
+        proc.wait_serving()
+        assert proc.grpc_port != taken and health_status(proc.address) == "SERVING"
+        assert "already in use" in proc.log_file.read_text().lower() or "failed to bind" in (
+            proc.log_file.read_text().lower()
+        )
+    finally:
+        proc.stop()
+        squatter.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from flywheel.stack.servers import free_port, process_alive
+from flywheel.stack.servers import free_ports, process_alive
 
 SERVICES = ("optimizer", "trace_store", "evaluator", "reward_judge", "society", "trainer")
 # Services that own tables, in the order their migrations run.
@@ -21,6 +21,11 @@ MIGRATED = ("optimizer", "trace_store", "reward_judge", "trainer", "society")
 # evaluator's example module, nothing else; credential variables keep the default prefix
 # FLYWHEEL_TARGET_. An env given to a ServiceProcess overrides it.
 STACK_RUN_POLICY = {"FLYWHEEL_RUN_POLICY_CALLABLE_MODULES": "flywheel.evaluator.examples"}
+# What a service's log says when a port it was given was taken between choosing and binding it
+# (grpc's add_insecure_port, prometheus_client's HTTP server).
+BIND_FAILURES = ("address already in use", "failed to bind")
+# Times a service whose own ports were taken is started again on new ones.
+BIND_RETRIES = 3
 
 
 def env_prefix(service: str) -> str:
@@ -67,19 +72,24 @@ class ServiceProcess:
         if name not in SERVICES:
             raise ValueError(f"unknown service {name!r}; one of {SERVICES}")
         self.name = name
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        # Ports chosen here may be taken by another process before the service binds them:
+        # ``wait_serving`` then starts it again on new ones. Ports given by the caller are kept.
+        self._own_ports = grpc_port is None and metrics_port is None
+        given = [p for p in (grpc_port, metrics_port) if p]
+        chosen = iter(free_ports(2, exclude=given))
+        self.grpc_port = grpc_port or next(chosen)
+        self.metrics_port = metrics_port or next(chosen)
         self.log_file = log_dir / f"{name}.log"
         self.pid_file = log_dir / f"{name}.pid"
-        prefix = env_prefix(name)
-        self.env = {
-            **STACK_RUN_POLICY,
-            **env,
-            f"{prefix}GRPC_HOST": "127.0.0.1",
-            f"{prefix}GRPC_PORT": str(self.grpc_port),
-            f"{prefix}METRICS_PORT": str(self.metrics_port),
-        }
+        self.env = {**STACK_RUN_POLICY, **env, f"{env_prefix(name)}GRPC_HOST": "127.0.0.1"}
+        self._set_ports()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where this start's output begins in the log
+
+    def _set_ports(self) -> None:
+        prefix = env_prefix(self.name)
+        self.env[f"{prefix}GRPC_PORT"] = str(self.grpc_port)
+        self.env[f"{prefix}METRICS_PORT"] = str(self.metrics_port)
 
     @property
     def address(self) -> str:
@@ -97,6 +107,7 @@ class ServiceProcess:
     def start(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
+            self._log_offset = log.tell()
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", f"flywheel.{self.name}"],
                 env={**os.environ, **self.env},
@@ -107,14 +118,34 @@ class ServiceProcess:
         self.pid_file.write_text(str(self._proc.pid))
 
     def wait_serving(self, timeout_s: float = 60.0) -> None:
+        """Wait until the service reports SERVING; raise with its log if it exits or times out.
+        A service that exits because one of the ports chosen for it was taken meanwhile is
+        started again on new ports (``BIND_RETRIES`` times)."""
         deadline = time.monotonic() + timeout_s
+        retries = BIND_RETRIES
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
+                if self._own_ports and retries > 0 and self._bind_failed():
+                    retries -= 1
+                    self.grpc_port, self.metrics_port = free_ports(2, exclude=(self.grpc_port, self.metrics_port))
+                    self._set_ports()
+                    self.start()
+                    continue
                 raise RuntimeError(f"{self.name} exited with {self._proc.returncode}:\n{self.log_tail()}")
             if health_status(self.address) == "SERVING":
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not SERVING after {timeout_s}s:\n{self.log_tail()}")
+
+    def _bind_failed(self) -> bool:
+        """Whether this start's output says a port was already in use."""
+        try:
+            with self.log_file.open("rb") as log:
+                log.seek(self._log_offset)
+                text = log.read().decode(errors="replace").lower()
+        except FileNotFoundError:
+            return False
+        return any(marker in text for marker in BIND_FAILURES)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM and wait; SIGKILL after the timeout. Returns the exit code if known."""
