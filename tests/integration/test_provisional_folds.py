@@ -54,6 +54,9 @@ async def committed_pulls(admin: admin_grpc.EndpointAdminServiceStub, name: str)
     return sum(s.pulls for s in got.endpoint.stats)
 
 
+REBUILDS = "flywheel_optimizer_posterior_rebuilds_total"
+
+
 async def counts(port: int) -> dict[str, float]:
     body = await asyncio.to_thread(metrics, port)
     out = {o: sample(body, FOLDS, outcome=o) for o in ("folded", "settled", "expired", "late", "skipped")}
@@ -110,6 +113,12 @@ async def test_select_uses_published_feedback_before_its_transaction_commits(lau
             got = await eventually(lambda: counts(optimizer.metrics_port), lambda c: c["settled"] >= 120, timeout_s=5)
             assert got["folded"] == 120 and got["expired"] == 0, got
             assert await p_small(sel, "by-country", context=fr) > 0.95
+            # The real service took both ways of rebuilding (reweight.py): the first rebuild after
+            # the read drew (a read keeps no draws), later ones reweighted those draws on the
+            # event loop, and a large jump in the evidence (60 commits at once) drew again.
+            body = await asyncio.to_thread(metrics, optimizer.metrics_port)
+            drawn, reweighted = (sample(body, REBUILDS, how=h) for h in ("drawn", "reweighted"))
+            assert drawn >= 1 and reweighted >= 1, (drawn, reweighted)
     finally:
         await engine.dispose()
 
