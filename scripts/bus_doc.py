@@ -18,7 +18,7 @@ from flywheel.api.common.v1 import common_pb2  # noqa: F401
 from flywheel.api.evaluator.v1 import events_pb2 as _evaluator_events  # noqa: F401
 from flywheel.api.optimizer.v1 import events_pb2 as _optimizer_events  # noqa: F401
 from flywheel.api.society.v1 import events_pb2 as _society_events  # noqa: F401
-from flywheel.api.subjects import ROLES, Catalogue, role_permissions
+from flywheel.api.subjects import ROLES, UNSTORED, Catalogue, role_permissions
 from flywheel.api.traces.v1 import events_pb2 as _traces_events  # noqa: F401
 from flywheel.api.traces.v1 import spans_pb2  # noqa: F401
 from flywheel.api.trainer.v1 import events_pb2 as _trainer_events  # noqa: F401
@@ -30,6 +30,7 @@ OUT = ROOT / "docs" / "bus.md"
 MESSAGE_TYPES: dict[str, tuple[str, str]] = {
     "decision": ("<endpoint>", "flywheel.api.optimizer.v1.DecisionBatch"),
     "feedback": ("<endpoint>", "flywheel.api.optimizer.v1.FeedbackEvent"),
+    "peer_fold": ("<replica>", "flywheel.api.optimizer.v1.ProvisionalFoldBatch"),
     "traces": ("<agent>", "flywheel.api.traces.v1.SpanBatch"),
     "evaluation_request": ("<run_id>", "flywheel.api.evaluator.v1.EvaluationRequest"),
     "evaluation_result": ("<run_id>", "flywheel.api.evaluator.v1.EvaluationResult"),
@@ -113,8 +114,10 @@ def permissions_section(catalogue: Catalogue) -> str:
         produced = []
         for method in spec.produces:
             subject = getattr(catalogue, method)(_KEY)
-            if not any(matches(p, subject) for s in catalogue.streams.values() for p in s.subjects):
-                raise ValueError(f"role {role} produces {subject}, which no stream stores")
+            stored = any(matches(p, subject) for s in catalogue.streams.values() for p in s.subjects)
+            if stored == (method in UNSTORED):
+                where = "a stream stores it" if stored else "no stream stores it"
+                raise ValueError(f"role {role} produces {subject}: {where}, but UNSTORED says otherwise")
             produced.append(code(subject.replace(_KEY, MESSAGE_TYPES[method][0])))
         produced += [code(catalogue.dead_letter(d)) for d in (*spec.consumes, *spec.dead_letters)]
         api = []
@@ -140,7 +143,9 @@ def permissions_section(catalogue: Catalogue) -> str:
         "(`$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>`, `$JS.ACK.<stream>.<durable>.>`) and receives replies and "
         "pulled messages on its own inbox prefix, which no other user may subscribe to. The optimizer also "
         "receives feedback as it is published, on a plain subscription without acks (its provisional folds, "
-        'services/optimizer/README.md "Posterior freshness"): read-only, it settles nothing. A product\'s user '
+        'services/optimizer/README.md "Posterior freshness"): read-only, it settles nothing. Its replicas tell '
+        "each other those folds on `flywheel.optimizer.fold.<replica>`, plain NATS that no stream stores: a lost "
+        "message costs only freshness, since the commit's NOTIFY carries the same rewards. A product's user "
         "subscribes only to `_INBOX.>`, where JetStream sends the acks of its publishes. "
         "`flywheel-stack nats-permissions --namespace NS` prints the exact allow-lists as nats-server "
         "`authorization.users` (see docs/security.md for the Helm chart).\n\n"
@@ -191,7 +196,7 @@ def render(catalogue: Catalogue) -> str:
             [
                 code(subject.replace(_KEY, placeholder)),
                 code(full_name),
-                ", ".join(map(code, stored)) or "(none)",
+                ", ".join(map(code, stored)) or ("(none: plain NATS)" if method in UNSTORED else "(none)"),
                 ", ".join(map(code, readers)) or "-",
             ]
         )

@@ -1,7 +1,8 @@
 """Provisional folds (issue 19) on real optimizer processes, NATS and PostgreSQL: a replica's
-Select samples from the rewards of its own decisions as soon as they are published, before any
-feedback transaction commits; every provisional fold is then settled by the transaction that
-applied its event (its own, or the other replica's, named in its NOTIFY), so none counts twice.
+Select samples from the rewards of its own decisions as soon as they are published, and the
+other replica's Select from them once the first tells it (peer_folds.py), before any feedback
+transaction commits; every provisional fold is then settled by the transaction that applied its
+event (its own, or the other replica's, named in its NOTIFY), so none counts twice.
 The full refresh is pushed out to 60 s, so only folds can explain what Select does."""
 
 from __future__ import annotations
@@ -123,33 +124,76 @@ async def test_select_uses_published_feedback_before_its_transaction_commits(lau
         await engine.dispose()
 
 
-async def test_the_other_replica_settles_what_it_applies_and_folds_nothing_it_did_not_decide(
-    launch, stack_env, isolation
+PEER_FOLDS = "flywheel_optimizer_peer_folds_total"
+
+
+async def heard(port: int) -> float:
+    """Notifications a replica received from the other replica (each commit there sends some)."""
+    body = await asyncio.to_thread(metrics, port)
+    return sample(body, "flywheel_optimizer_increment_listener_events_total", event="notification")
+
+
+async def test_each_replica_has_the_others_rewards_before_their_commit_and_every_fold_is_settled(
+    launch, stack_env, isolation, monkeypatch
 ):
     a = launch("optimizer", env=SLOW_REFRESH)
     b = launch("optimizer", env=SLOW_REFRESH)
-    async with (
-        grpc.aio.insecure_channel(a.address) as channel,
-        FlywheelClient(target=a.address, **sdk_nats(stack_env, isolation["namespace"])) as fw,
-    ):
-        admin = admin_grpc.EndpointAdminServiceStub(channel)
-        await admin.CreateEndpoint(three_arm_endpoint("shared"))
-        n = 0
-        # Both replicas fetch from the one durable consumer: some of A's events are applied by
-        # B, whose NOTIFY must name them so that A drops its provisional folds of them.
-        for _ in range(6):
-            made = [await fw.select("shared") for _ in range(40)]
-            await asyncio.gather(*(fw.feedback(d, reward=reward(d.arm_id)) for d in made))
-            n += len(made)
-        await eventually(lambda: committed_pulls(admin, "shared"), lambda got: got == n, timeout_s=30)
-        on_a = await eventually(lambda: counts(a.metrics_port), lambda c: c["settled"] >= n, timeout_s=5)
-        on_b = await counts(b.metrics_port)
-        applied_by_b = sample(
-            await asyncio.to_thread(metrics, b.metrics_port),
-            "flywheel_events_total",
-            consumer="optimizer-feedback",
-            outcome="ack",
-        )
-    print(f"A folded {on_a['folded']:.0f}, settled {on_a['settled']:.0f}; B applied {applied_by_b:.0f} of {n}")
+    for key, value in stack_env.items():
+        monkeypatch.setenv(key, value)
+    engine = create_engine(DatabaseSettings())  # type: ignore[call-arg]
+    try:
+        async with (
+            grpc.aio.insecure_channel(a.address) as channel,
+            grpc.aio.insecure_channel(b.address) as channel_b,
+            FlywheelClient(target=a.address, **sdk_nats(stack_env, isolation["namespace"])) as fw,
+        ):
+            admin = admin_grpc.EndpointAdminServiceStub(channel)
+            sel_b = sel_grpc.SelectionServiceStub(channel_b)
+            await admin.CreateEndpoint(three_arm_endpoint("shared"))
+            n = 0
+            # Both replicas fetch from the one durable consumer: some of A's events are applied by
+            # B, whose NOTIFY must name them so that A drops its provisional folds of them. Until
+            # A has heard from B (a NOTIFY), it keeps its folds to itself.
+            for _ in range(20):
+                made = [await fw.select("shared") for _ in range(40)]
+                await asyncio.gather(*(fw.feedback(d, reward=reward(d.arm_id)) for d in made))
+                n += len(made)
+                if n >= 240 and await heard(a.metrics_port) > 0:
+                    break
+            assert await heard(a.metrics_port) > 0, "B applied none of the feedback"
+            await eventually(lambda: committed_pulls(admin, "shared"), lambda got: got == n, timeout_s=30)
+
+            # Now A tells B of its folds: B's Select has the rewards of A's decisions while no
+            # transaction can commit them.
+            await admin.CreateEndpoint(three_arm_endpoint("peered"))
+            await eventually(lambda: p_small(sel_b, "peered", n=3), lambda _p: True, timeout_s=10)  # B has it cached
+            made = [await fw.select("peered") for _ in range(60)]
+            async with engine.connect() as lock:
+                await lock.execute(text("SELECT 1 FROM arms WHERE endpoint = 'peered' FOR UPDATE"))
+                for d in made:
+                    await fw.feedback(d, reward=reward(d.arm_id))
+                p = await eventually(lambda: p_small(sel_b, "peered"), lambda p: p > 0.95, timeout_s=5.0)
+                assert p > 0.95 and await committed_pulls(admin, "peered") == 0
+                await lock.rollback()
+            await eventually(lambda: committed_pulls(admin, "peered"), lambda got: got == 60, timeout_s=20)
+            n += 60
+            # Every provisional fold, A's own and those B took from A, was settled by the commit
+            # that applied its event, whichever replica ran it: none expired, none left over.
+            on_a = await eventually(lambda: counts(a.metrics_port), lambda c: c["settled"] >= n, timeout_s=5)
+            on_b = await eventually(
+                lambda: counts(b.metrics_port), lambda c: c["folded"] >= 60 and c["settled"] == c["folded"], timeout_s=5
+            )
+            body_b = await asyncio.to_thread(metrics, b.metrics_port)
+            applied_by_b = sample(body_b, "flywheel_events_total", consumer="optimizer-feedback", outcome="ack")
+            assert await p_small(sel_b, "peered") > 0.95
+    finally:
+        await engine.dispose()
+    print(
+        f"A folded {on_a['folded']:.0f}, settled {on_a['settled']:.0f}; B applied {applied_by_b:.0f} of {n}, "
+        f"folded {on_b['folded']:.0f} of A's, settled {on_b['settled']:.0f}"
+    )
     assert on_a["folded"] == n and on_a["settled"] == n and on_a["expired"] == 0, on_a
-    assert on_b["folded"] == 0 and on_b["seen_elsewhere"] == n, on_b  # none of B's decisions
+    assert on_b["expired"] == 0 and on_b["settled"] == on_b["folded"], on_b
+    # B folded A's rewards only as A told them (B decided nothing): never from the feedback itself.
+    assert on_b["seen_folded"] == 0 and on_b["seen_elsewhere"] == n, on_b
+    assert sample(body_b, PEER_FOLDS, outcome="folded") == on_b["folded"]

@@ -1,10 +1,12 @@
 """Provisional folds (provisional.py): a reward for one of this replica's decisions is in the
 snapshot Select samples from before any transaction applies it, and counts once whatever the
-transaction decides. Over reads made up in memory; tests/integration/test_provisional_folds.py
-runs the same over real NATS and PostgreSQL."""
+transaction decides; the other replicas get it from this one (peer_folds.py, at the end) and
+settle it the same way. Over reads made up in memory and a recording NATS double;
+tests/integration/test_provisional_folds.py runs the same over real NATS and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -13,12 +15,13 @@ import numpy as np
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent, ProvisionalFoldBatch
 from flywheel.optimizer import cache as cache_module
-from flywheel.optimizer import fold, stats
+from flywheel.optimizer import fold, peer_folds, stats
 from flywheel.optimizer.cache import PosteriorCache, _Inputs
 from flywheel.optimizer.decisions import new_decision_id
 from flywheel.optimizer.fold import FoldBatch, Notice, PgSnapshot
+from flywheel.optimizer.peer_folds import PeerFolds
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.provisional import ProvisionalFolder, RecentDecisions
 
@@ -300,3 +303,165 @@ async def test_a_transaction_tells_other_replicas_only_of_events_whose_decisions
     batch = await service._announce(None, cache, {("bot", "a", ""): _inc(1.0)}, {"bot": 0.0}, items)  # type: ignore[arg-type]
     assert sent["settled"] == ["e-theirs"]  # the other replica folded that one provisionally
     assert batch.settled == ("e-mine", "e-theirs")  # this replica settles both
+
+
+# --- peer folds (peer_folds.py) -------------------------------------------------------------
+
+
+class RecordingNats:
+    """What PeerFolds.run needs of a NATS client: subscribe, and publish into a list."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes]] = []
+        self.subscribed: list[str] = []
+
+    async def subscribe(self, subject, cb, **_kwargs):
+        self.subscribed.append(subject)
+        return SimpleNamespace(unsubscribe=_nothing)
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        self.published.append((subject, payload))
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _peers(cache, replica="r1") -> PeerFolds:
+    return PeerFolds(cache, replica=replica, subject=f"t.optimizer.fold.{replica}", peers_subject="t.optimizer.fold.*")
+
+
+def _batch(*folds: dict) -> bytes:
+    message = ProvisionalFoldBatch()
+    for f in folds:
+        fold = message.folds.add(**{k: v for k, v in f.items() if k not in ("features", "published")})
+        fold.features.extend(f.get("features", []))
+        if "published" in f:
+            fold.published.FromNanoseconds(int(f["published"] * 1e9))
+    return message.SerializeToString()
+
+
+async def test_a_peers_fold_is_served_at_once_and_replaced_by_the_commit_that_applies_it():
+    cache = _cache()
+    peers = _peers(cache)
+    got = peers.fold(_batch({"event_id": "e1", "endpoint": "bot", "arm_id": "b", "reward": 1.0}))
+    assert got["folded"] == 1
+    assert await _pulls(cache) == [0, 1]  # before any transaction, on the arm the peer's decision chose
+    # The deciding replica's commit names the event in its NOTIFY: the real increment replaces it.
+    cache.notice(Notice("r2", "", None, settled=("e1",)))
+    cache.committed(_committed(11, "b", [1.0], settled=()))
+    assert await _pulls(cache) == [0, 1]
+    assert not cache._provisional
+    # The same fold told again after its settlement (NATS later than PostgreSQL) is not added.
+    assert peers.fold(_batch({"event_id": "e1", "endpoint": "bot", "arm_id": "b", "reward": 1.0}))["not_folded"] == 1
+    assert await _pulls(cache) == [0, 1]
+
+
+async def test_a_peers_fold_nobody_settles_expires(monkeypatch):
+    cache = _cache()
+    _peers(cache).fold(_batch({"event_id": "e1", "endpoint": "bot", "arm_id": "a", "reward": 1.0}))
+    assert await _pulls(cache) == [1, 0]
+    monkeypatch.setattr(cache_module, "PROVISIONAL_TTL_S", 0.0)
+    assert cache.expire_provisional() == 1
+    assert await _pulls(cache) == [0, 0]
+
+
+async def test_what_cannot_be_folded_is_refused_and_counted_and_the_rest_of_the_batch_folds():
+    cache = _cache()
+    peers = _peers(cache)
+    got = peers.fold(
+        _batch(
+            {"event_id": "", "endpoint": "bot", "arm_id": "a", "reward": 1.0},  # no event id
+            {"event_id": "e2", "endpoint": "bot", "arm_id": "a", "reward": float("nan")},
+            {"event_id": "e3", "endpoint": "other", "arm_id": "a", "reward": 1.0},  # not cached here
+            {"event_id": "e4", "endpoint": "bot", "arm_id": "zz", "reward": 1.0},  # no such arm
+            {"event_id": "e5", "endpoint": "bot", "arm_id": "a", "reward": 0.5},
+        )
+    )
+    assert (got["invalid"], got["not_folded"], got["folded"]) == (2, 2, 1)
+    assert peers.fold(b"\xff\xfe not protobuf")["invalid"] == 1
+    snap = await cache.caught_up("bot")
+    assert snap.pulls.tolist() == [1, 0] and snap.reward_sums.tolist() == pytest.approx([0.5, 0.0])
+
+
+async def test_a_peers_fold_is_timed_under_its_own_source():
+    from prometheus_client import REGISTRY
+
+    def count() -> float:
+        labels = {"source": "provisional_peer"}
+        return REGISTRY.get_sample_value("flywheel_optimizer_posterior_fold_lag_seconds_count", labels) or 0.0
+
+    cache = _cache()
+    before = count()
+    peers = _peers(cache)
+    peers.fold(_batch({"event_id": "e1", "endpoint": "bot", "arm_id": "a", "reward": 1.0, "published": time.time()}))
+    await cache.caught_up("bot")
+    assert count() == before + 1
+
+
+async def test_a_replica_sends_its_folds_only_once_it_has_heard_of_a_peer_and_then_names_every_settled_event(
+    monkeypatch,
+):
+    from flywheel.optimizer import notify, service
+    from flywheel.optimizer.service import FeedbackItem
+
+    cache = _cache()
+    recent = RecentDecisions(100)
+    recent.add_many([SimpleNamespace(decision_id="mine", endpoint="bot", arm_id="a", features=None, segment="")])
+    cache.track_provisional(recent)
+    peers = _peers(cache)
+    nats = RecordingNats()
+    task = asyncio.create_task(peers.run(nats))  # type: ignore[arg-type]
+    fold = {"endpoint": "bot", "arm_id": "a", "segment": "", "reward": 1.0, "features": None, "published": 0.0}
+    try:
+        peers.add(event_id="e0", **fold)  # alone so far: nothing sent
+        await asyncio.sleep(0.01)
+        assert nats.published == [] and not peers.shares() and not cache.shares_provisional
+        peers.heard_peer()  # another replica's NOTIFY arrived
+        for i in range(1, 4):  # one event-loop turn: one message
+            peers.add(event_id=f"e{i}", **fold)
+        assert cache.shares_provisional  # before the send: a commit from now on names its events
+        await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+    assert nats.subscribed == ["t.optimizer.fold.*"]
+    assert len(nats.published) == 1 and nats.published[0][0] == "t.optimizer.fold.r1"
+    sent = ProvisionalFoldBatch.FromString(nats.published[0][1])
+    assert [f.event_id for f in sent.folds] == ["e1", "e2", "e3"] and sent.folds[0].arm_id == "a"
+
+    # While it shares, its transactions name the events of its own decisions too.
+    said: dict[str, object] = {}
+
+    async def announce(session, **kwargs):
+        said.update(kwargs)
+        return 11, 100.0
+
+    monkeypatch.setattr(notify, "announce", announce)
+    items = [FeedbackItem("e-mine", "mine", 1.0, {}), FeedbackItem("e-theirs", "theirs", 1.0, {})]
+    await service._announce(None, cache, {("bot", "a", ""): _inc(1.0)}, {"bot": 0.0}, items)  # type: ignore[arg-type]
+    assert said["settled"] == ["e-mine", "e-theirs"]
+
+
+async def test_the_outbox_is_bounded(monkeypatch):
+    monkeypatch.setattr(peer_folds, "MAX_OUTBOX", 3)
+    peers = _peers(_cache())
+    peers.heard_peer()
+    fold = {"endpoint": "bot", "arm_id": "a", "segment": "", "reward": 1.0, "features": None, "published": 0.0}
+    for i in range(5):
+        peers.add(event_id=f"e{i}", **fold)
+    assert len(peers._outbox.folds) == 3
+
+
+async def test_a_large_outbox_goes_in_several_messages(monkeypatch):
+    monkeypatch.setattr(peer_folds, "MAX_BATCH", 2)
+    peers = _peers(_cache())
+    peers.heard_peer()
+    fold = {"endpoint": "bot", "arm_id": "a", "segment": "", "reward": 1.0, "features": None, "published": 0.0}
+    for i in range(5):
+        peers.add(event_id=f"e{i}", **fold)
+    nats = RecordingNats()
+    await peers._send(nats)  # type: ignore[arg-type]
+    sent = [ProvisionalFoldBatch.FromString(p) for _, p in nats.published]
+    assert [len(m.folds) for m in sent] == [2, 2, 1]
+    assert [f.event_id for m in sent for f in m.folds] == [f"e{i}" for i in range(5)]
+    assert len({m.meta.event_id for m in sent}) == 3

@@ -218,6 +218,10 @@ class Catalogue:
     def feedback(self, endpoint: str) -> str:
         return f"{self.namespace}.product.feedback.{subject_token(endpoint, what='endpoint')}"
 
+    def peer_fold(self, replica: str) -> str:
+        """Plain NATS, in no stream: an optimizer replica's provisional folds, for the others."""
+        return f"{self.namespace}.optimizer.fold.{subject_token(replica, what='replica')}"
+
     def traces(self, agent: str) -> str:
         return f"{self.namespace}.product.traces.{subject_token(agent, what='agent')}"
 
@@ -262,6 +266,11 @@ class Catalogue:
         return [c for c in self.consumers.values() if c.stream in interest]
 
 
+# Catalogue subjects (method names) published on plain NATS, which no stream stores: hints between
+# optimizer replicas that lose nothing when dropped (the commit's NOTIFY settles the same events).
+UNSTORED = frozenset({"peer_fold"})
+
+
 # -- Who may use the bus for what ------------------------------------------------------------------
 # One NATS user per role, each allowed to publish only what it produces and to read only the
 # durable consumers it owns. The local stack's nats-server config, docs/bus.md and the chart's
@@ -291,7 +300,8 @@ class RoleSpec:
     # decision there that can never be written or published).
     dead_letters: tuple[str, ...] = ()
     # Catalogue subjects (method names) it also receives as they are published, on a plain
-    # subscription without acks (the optimizer's provisional folds of feedback): read-only.
+    # subscription without acks (the optimizer's provisional folds of feedback, its own and
+    # its peers'): read-only.
     watches: tuple[str, ...] = ()
     # Services declare every stream at startup (infra.connect_bus), so they need the stream
     # management API; a product does not.
@@ -310,10 +320,10 @@ ROLES: dict[str, RoleSpec] = {
         RoleSpec(
             "optimizer",
             "Serves Select/Update, applies feedback, drives batch runs.",
-            produces=("decision", "evaluation_request", "run_progress"),
+            produces=("decision", "evaluation_request", "run_progress", "peer_fold"),
             dead_letters=("optimizer-decision-log",),
             consumes=("optimizer-feedback", "optimizer-evaluation-results", "optimizer-proposals"),
-            watches=("feedback",),
+            watches=("feedback", "peer_fold"),
             declares_topology=True,
         ),
         RoleSpec(

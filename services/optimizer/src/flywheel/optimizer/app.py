@@ -26,8 +26,10 @@ from flywheel.optimizer import notify, retention
 from flywheel.optimizer.arm_lifecycle import ArmLifecycle
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import DecisionLog
+from flywheel.optimizer.fold import Notice
 from flywheel.optimizer.grpc_api import EndpointAdminServicer, OffPolicyServicer, SelectionServicer
 from flywheel.optimizer.handlers import FeedbackHandler
+from flywheel.optimizer.peer_folds import PeerFolds
 from flywheel.optimizer.provisional import ProvisionalFolder, RecentDecisions
 from flywheel.optimizer.runs.driver import RunDriver
 from flywheel.optimizer.runs.grpc_api import RunServicer
@@ -164,8 +166,23 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
     ]
     driver = RunDriver(database.sessions, bus.publisher, bus.catalogue, objects, tick_s=settings.run_tick_s)
     parts.background += [cache.run, segments.run, decisions.run, lifecycle.run, driver.run]
+    peers = None
+    if recent is not None and notifying and settings.posterior_peer_fold:
+        # Replicas tell each other their provisional folds (peer_folds.py); NOTIFY settles them.
+        peers = PeerFolds(
+            cache,
+            replica=replica,
+            subject=bus.catalogue.peer_fold(replica),
+            peers_subject=bus.catalogue.peer_fold("KEY").rsplit(".", 1)[0] + ".*",
+            segments=segments,
+        )
+
+        async def peer_folds() -> None:
+            await peers.run(bus.nc)
+
+        parts.background.append(peer_folds)
     if recent is not None:
-        folder = ProvisionalFolder(cache, recent, window=window, segments=segments)
+        folder = ProvisionalFolder(cache, recent, window=window, segments=segments, peers=peers)
         feedback = bus.catalogue.consumer("optimizer-feedback").filter_subject
 
         async def provisional_folds() -> None:
@@ -173,8 +190,14 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
 
         parts.background.append(provisional_folds)
     if notifying:
+
+        def on_notice(notice: Notice) -> None:
+            if peers is not None:
+                peers.heard_peer()
+            cache.notice(notice)
+
         listener = notify.IncrementListener(
-            database.engine, replica=replica, on_notice=cache.notice, on_connect=cache.refresh
+            database.engine, replica=replica, on_notice=on_notice, on_connect=cache.refresh
         )
         parts.background.append(listener.run)
 

@@ -172,6 +172,7 @@ class PosteriorCache:
         # This replica's recent decisions, set when it folds provisionally (``provisional.py``):
         # then its feedback transactions name the events they settle (``service.FoldSink``).
         self._recent: RecentDecisions | None = None
+        self._sharing: Callable[[], bool] | None = None  # share_provisional
         # event id -> (endpoint, when folded (monotonic)), oldest first: for settling and expiry.
         self._provisional: dict[str, tuple[str, float]] = {}
         self._settled: dict[str, None] = {}  # recently settled event ids, oldest first
@@ -413,17 +414,36 @@ class PosteriorCache:
     def tracks_provisional(self) -> bool:
         return self._recent is not None
 
+    def share_provisional(self, sharing: Callable[[], bool]) -> None:
+        """``sharing()`` says whether this replica's provisional folds may be held by its peers
+        (``peer_folds.py``): then its transactions name every event they settle."""
+        self._sharing = sharing
+
+    @property
+    def shares_provisional(self) -> bool:
+        return self._sharing is not None and self._sharing()
+
     def decided_here(self, decision_id: str) -> bool:
         """Whether this replica made the decision (and so folded its feedback provisionally
         itself: no other replica needs to hear that it was settled)."""
         return self._recent is not None and self._recent.get(decision_id) is not None
 
-    def provisional(self, name: str, event_id: str, arm_id: str, inc: Increment, *, since: float = 0.0) -> bool:
+    def provisional(
+        self,
+        name: str,
+        event_id: str,
+        arm_id: str,
+        inc: Increment,
+        *,
+        since: float = 0.0,
+        source: str = "provisional",
+    ) -> bool:
         """Fold one feedback event into the endpoint's snapshot before any transaction has
-        applied it (its reward, on the arm its decision chose here). It stays on top of the
-        committed counts until ``settle`` names its event id or ``PROVISIONAL_TTL_S`` passes;
-        the same event id is folded once. ``since`` (epoch seconds: the event's publish time)
-        times it in ``FOLD_LAG{source="provisional"}``. False when it was not folded."""
+        applied it (its reward, on the arm its decision chose: here, or at the peer that told
+        us, ``peer_folds.py``). It stays on top of the committed counts until ``settle`` names
+        its event id or ``PROVISIONAL_TTL_S`` passes; the same event id is folded once.
+        ``since`` (epoch seconds: the event's publish time) times it in ``FOLD_LAG{source}``.
+        False when it was not folded."""
         if event_id in self._provisional:
             return False
         if event_id in self._settled:
@@ -436,7 +456,7 @@ class PosteriorCache:
         entry.provisional[event_id] = (arm_id, inc)
         self._provisional[event_id] = (name, time.monotonic())
         _FOLDED.inc()
-        self._changed(name, entry, since, "provisional")
+        self._changed(name, entry, since, source)
         return True
 
     def settle(self, event_ids: Iterable[str]) -> None:

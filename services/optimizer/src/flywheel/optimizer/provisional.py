@@ -15,9 +15,10 @@ rolled-back transaction undoes its provisional fold when it is settled, or after
 ``cache.PROVISIONAL_TTL_S`` when nothing settles it.
 
 Segmented endpoints: the reward is folded into the endpoint's snapshot and into its segment's
-(``SegmentCache.provisional``) alike. Not folded provisionally: feedback for another replica's
-decisions (that replica folds it; this one learns it from the NOTIFY, as before, and a
-segment's share of it at the next refresh).
+(``SegmentCache.provisional``) alike. Feedback for another replica's decisions is not folded
+here from the feedback message (this replica does not know their arms yet): the replica that
+made the decision tells the others of its fold (``peer_folds.py``), and the NOTIFY of the
+commit settles it, as before.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from flywheel.core.logging import get_logger
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.decisions import decision_age_s
 from flywheel.optimizer.handlers import feedback_item
+from flywheel.optimizer.peer_folds import PeerFolds
 from flywheel.optimizer.segment_cache import SegmentCache
 from flywheel.optimizer.service import check_item, reward_value
 from flywheel.optimizer.stats import Increment
@@ -109,9 +111,11 @@ class ProvisionalFolder:
         *,
         window: timedelta,
         segments: SegmentCache | None = None,
+        peers: PeerFolds | None = None,
     ) -> None:
         self._cache = cache
         self._segments = segments
+        self._peers = peers  # told of every fold made here (``peer_folds.py``)
         self._recent = recent
         self._window_s = window.total_seconds()
 
@@ -166,4 +170,14 @@ class ProvisionalFolder:
             return "not_folded"
         if segment and self._segments is not None:
             self._segments.provisional(endpoint, segment, item.event_id, arm_id, inc, since=sent)
+        if self._peers is not None:
+            self._peers.add(
+                event_id=item.event_id,
+                endpoint=endpoint,
+                arm_id=arm_id,
+                segment=segment,
+                reward=value,
+                features=features,
+                published=sent,
+            )
         return "folded"

@@ -145,7 +145,7 @@ class SegmentCache:
         self._overlay: dict[tuple[str, str], dict[str, tuple[str, Increment]]] = {}
         self._overlay_of: dict[str, tuple[str, str]] = {}
         # Segments whose overlay changed, with the publish times of the folds they wait for.
-        self._dirty: dict[tuple[str, str], list[float]] = {}
+        self._dirty: dict[tuple[str, str], list[tuple[float, str]]] = {}  # key -> (since, FOLD_LAG source)
         self._passes: asyncio.Task[None] | None = None
         self._next_pass = 0.0  # monotonic time before which no pass starts
         self._pass_rng = np.random.default_rng()  # only the pass's worker thread draws with it
@@ -290,7 +290,15 @@ class SegmentCache:
         return changed
 
     def provisional(
-        self, endpoint: str, segment: str, event_id: str, arm_id: str, inc: Increment, *, since: float = 0.0
+        self,
+        endpoint: str,
+        segment: str,
+        event_id: str,
+        arm_id: str,
+        inc: Increment,
+        *,
+        since: float = 0.0,
+        source: str = "provisional_segment",
     ) -> bool:
         """Add a published, uncommitted reward to a cached segment until ``settle`` names its
         event (call on the event loop, after the endpoint cache took the same event: it owns
@@ -301,7 +309,7 @@ class SegmentCache:
             return False
         self._overlay.setdefault(key, {})[event_id] = (arm_id, inc)
         self._overlay_of[event_id] = key
-        self._changed(key, since)
+        self._changed(key, since, source)
         return True
 
     def settle(self, event_ids: Iterable[str]) -> None:
@@ -319,10 +327,10 @@ class SegmentCache:
                     del self._overlay[key]
             self._changed(key)
 
-    def _changed(self, key: tuple[str, str], since: float = 0.0) -> None:
+    def _changed(self, key: tuple[str, str], since: float = 0.0, source: str = "") -> None:
         timed = self._dirty.setdefault(key, [])
         if since > 0 and len(timed) < MAX_TIMED:
-            timed.append(since)
+            timed.append((since, source))
         if self._passes is None:
             self._passes = asyncio.get_running_loop().create_task(self._rebuild_passes())
 
@@ -360,8 +368,8 @@ class SegmentCache:
                     if drawn_set is not None:
                         self._draw_sets.put(key, _draw_basis(entry.basis, snap), drawn_set)
                     self._put(replace(entry, probabilities=p, cdf=[float(x) for x in np.cumsum(p)]))
-                    for since in timed:
-                        FOLD_LAG.labels("provisional_segment").observe(max(0.0, now - since))
+                    for since, source in timed:
+                        FOLD_LAG.labels(source).observe(max(0.0, now - since))
         except Exception as exc:  # noqa: BLE001 - the next fold or refresh rebuilds them
             log.warning("segment rebuild failed", error=repr(exc))
         finally:

@@ -533,6 +533,11 @@ class FoldSink(Protocol):
     @property
     def tracks_provisional(self) -> bool: ...
 
+    # Whether other replicas may hold this one's provisional folds (``peer_folds.py``): then
+    # its transactions name every event they settle, not only other replicas' decisions'.
+    @property
+    def shares_provisional(self) -> bool: ...
+
     def decided_here(self, decision_id: str) -> bool: ...
 
     def committed(self, batch: FoldBatch) -> None: ...
@@ -553,9 +558,11 @@ async def _announce(
         else:
             endpoint_wide[endpoint][arm_id] = inc
     clocks = {e: clocks.get(e, 0.0) for e in endpoint_wide}
-    # The other replicas hear only of the events whose decisions this one did not make: the
-    # provisional fold of one it made is its own, dropped right after the commit.
-    elsewhere = [it.event_id for it in settled if not folds.decided_here(it.decision_id)]
+    # The other replicas hear only of the events whose decisions this one did not make (the
+    # provisional fold of one it made is its own, dropped right after the commit), unless it
+    # told them of its folds: then of every event.
+    shared = folds.shares_provisional
+    elsewhere = [it.event_id for it in settled if shared or not folds.decided_here(it.decision_id)]
     xid, at = await notify.announce(
         session, replica=folds.replica or None, endpoints=endpoint_wide, clocks=clocks, settled=elsewhere
     )

@@ -39,6 +39,10 @@ class OptimizerSettings(ServiceSettings):
     # the feedback is published (a plain NATS subscription beside the durable consumer), until
     # the transaction that applies it commits (README "Posterior freshness"; needs posterior_fold).
     posterior_provisional_fold: bool = True
+    # Tell the other replicas of those provisional folds on plain NATS, and fold theirs, so a
+    # reward reaches every replica before its commit (README "Posterior freshness"; needs
+    # posterior_provisional_fold and posterior_notify, whose NOTIFY settles them).
+    posterior_peer_fold: bool = True
     # How many of its latest decisions a replica remembers for that (about 150 bytes each).
     provisional_recent_decisions: int = Field(50_000, ge=1, le=10_000_000)
     # The feedback consumer fetches on while a batch is applied, so what arrives meanwhile is in

@@ -25,9 +25,10 @@ _sym_db = _symbol_database.Default()
 from flywheel.api.common.v1 import common_pb2 as flywheel_dot_api_dot_common_dot_v1_dot_common__pb2
 from flywheel.api.optimizer.v1 import runs_pb2 as flywheel_dot_api_dot_optimizer_dot_v1_dot_runs__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&flywheel/api/optimizer/v1/events.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a#flywheel/api/common/v1/common.proto\x1a$flywheel/api/optimizer/v1/runs.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x84\x02\n\rDecisionEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x04 \x01(\t\x12\'\n\x06params\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bprobability\x18\x06 \x01(\x01\x12\x0f\n\x07user_id\x18\x07 \x01(\t\x12(\n\x07\x63ontext\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nsession_id\x18\t \x01(\t\"}\n\rDecisionBatch\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12;\n\tdecisions\x18\x02 \x03(\x0b\x32(.flywheel.api.optimizer.v1.DecisionEvent\"\xff\x01\n\rFeedbackEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x46\n\x07signals\x18\x04 \x03(\x0b\x32\x35.flywheel.api.optimizer.v1.FeedbackEvent.SignalsEntry\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_reward\"}\n\x10RunProgressEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x38\n\x08progress\x18\x02 \x01(\x0b\x32&.flywheel.api.optimizer.v1.RunProgressb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&flywheel/api/optimizer/v1/events.proto\x12\x19\x66lywheel.api.optimizer.v1\x1a#flywheel/api/common/v1/common.proto\x1a$flywheel/api/optimizer/v1/runs.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\x02\n\rDecisionEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x04 \x01(\t\x12\'\n\x06params\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bprobability\x18\x06 \x01(\x01\x12\x0f\n\x07user_id\x18\x07 \x01(\t\x12(\n\x07\x63ontext\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nsession_id\x18\t \x01(\t\"}\n\rDecisionBatch\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12;\n\tdecisions\x18\x02 \x03(\x0b\x32(.flywheel.api.optimizer.v1.DecisionEvent\"\xff\x01\n\rFeedbackEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x46\n\x07signals\x18\x04 \x03(\x0b\x32\x35.flywheel.api.optimizer.v1.FeedbackEvent.SignalsEntry\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_reward\"}\n\x10RunProgressEvent\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x38\n\x08progress\x18\x02 \x01(\x0b\x32&.flywheel.api.optimizer.v1.RunProgress\"\xa7\x01\n\x0fProvisionalFold\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0e\n\x06\x61rm_id\x18\x03 \x01(\t\x12\x0f\n\x07segment\x18\x04 \x01(\t\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x03(\x01\x12-\n\tpublished\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x82\x01\n\x14ProvisionalFoldBatch\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.flywheel.api.common.v1.EventMeta\x12\x39\n\x05\x66olds\x18\x02 \x03(\x0b\x32*.flywheel.api.optimizer.v1.ProvisionalFoldb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,14 +37,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FEEDBACKEVENT_SIGNALSENTRY']._loaded_options = None
   _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_options = b'8\001'
-  _globals['_DECISIONEVENT']._serialized_start=175
-  _globals['_DECISIONEVENT']._serialized_end=435
-  _globals['_DECISIONBATCH']._serialized_start=437
-  _globals['_DECISIONBATCH']._serialized_end=562
-  _globals['_FEEDBACKEVENT']._serialized_start=565
-  _globals['_FEEDBACKEVENT']._serialized_end=820
-  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_start=763
-  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_end=809
-  _globals['_RUNPROGRESSEVENT']._serialized_start=822
-  _globals['_RUNPROGRESSEVENT']._serialized_end=947
+  _globals['_DECISIONEVENT']._serialized_start=208
+  _globals['_DECISIONEVENT']._serialized_end=468
+  _globals['_DECISIONBATCH']._serialized_start=470
+  _globals['_DECISIONBATCH']._serialized_end=595
+  _globals['_FEEDBACKEVENT']._serialized_start=598
+  _globals['_FEEDBACKEVENT']._serialized_end=853
+  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_start=796
+  _globals['_FEEDBACKEVENT_SIGNALSENTRY']._serialized_end=842
+  _globals['_RUNPROGRESSEVENT']._serialized_start=855
+  _globals['_RUNPROGRESSEVENT']._serialized_end=980
+  _globals['_PROVISIONALFOLD']._serialized_start=983
+  _globals['_PROVISIONALFOLD']._serialized_end=1150
+  _globals['_PROVISIONALFOLDBATCH']._serialized_start=1153
+  _globals['_PROVISIONALFOLDBATCH']._serialized_end=1283
 # @@protoc_insertion_point(module_scope)

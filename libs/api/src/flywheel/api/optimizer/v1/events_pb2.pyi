@@ -9,6 +9,7 @@ from flywheel.api.optimizer.v1 import runs_pb2 as _runs_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -190,3 +191,83 @@ class RunProgressEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunProgressEvent: _TypeAlias = RunProgressEvent  # noqa: Y015
+
+@_typing.final
+class ProvisionalFold(_message.Message):
+    """One reward an optimizer replica folded provisionally into its posterior (the feedback of one
+    of its own decisions, before any transaction applied it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    ARM_ID_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
+    PUBLISHED_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """The feedback event's id: the transaction that settles it names it in its NOTIFY."""
+    endpoint: _builtins.str
+    arm_id: _builtins.str
+    """The arm the decision chose, as the deciding replica logged it."""
+    segment: _builtins.str
+    """The decision's segment ("" when the endpoint is not segmented)."""
+    reward: _builtins.float
+    """The reward as the endpoint's reward spec values it."""
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The decision's features (linear policies; empty otherwise)."""
+
+    @_builtins.property
+    def published(self) -> _timestamp_pb2.Timestamp:
+        """When the product published the feedback (its meta.time)."""
+
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        arm_id: _builtins.str = ...,
+        segment: _builtins.str = ...,
+        reward: _builtins.float = ...,
+        features: _abc.Iterable[_builtins.float] | None = ...,
+        published: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["published", b"published"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm_id", b"arm_id", "endpoint", b"endpoint", "event_id", b"event_id", "features", b"features", "published", b"published", "reward", b"reward", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProvisionalFold: _TypeAlias = ProvisionalFold  # noqa: Y015
+
+@_typing.final
+class ProvisionalFoldBatch(_message.Message):
+    """Published on flywheel.optimizer.fold.<replica> on plain NATS (no stream stores it): the
+    provisional folds one optimizer replica made since its last message, so that the other
+    replicas fold them too without waiting for the commit (services/optimizer peer_folds.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    FOLDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> _common_pb2.EventMeta: ...
+    @_builtins.property
+    def folds(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProvisionalFold]: ...
+    def __init__(
+        self,
+        *,
+        meta: _common_pb2.EventMeta | None = ...,
+        folds: _abc.Iterable[Global___ProvisionalFold] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["folds", b"folds", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProvisionalFoldBatch: _TypeAlias = ProvisionalFoldBatch  # noqa: Y015
