@@ -27,7 +27,9 @@ decisions together):
   replica that made the decision has it folded provisionally (``provisional.py``), before any
   transaction: what that replica's Select waits for when the provisional fold is on;
   ``delivered``, its first part: published -> received on that replica's subscription;
-  ``prov_segment`` (``--world segmented``): the same for the segment's snapshot.
+  ``prov_segment`` (``--world segmented``): the same for the segment's snapshot;
+- ``prov_peer`` (two replicas): the same publish -> the *other* replica's snapshot has it, folded
+  when the deciding replica told it (``peer_folds.py``); ``prov_peer_segment`` for the segment's.
 
 The consumer's stages come from the replicas' ``flywheel_event_lag_seconds`` histogram (one event
 in 8), the folds from ``flywheel_optimizer_posterior_fold_lag_seconds{source}`` (one observation
@@ -73,7 +75,14 @@ FOLD_LAG = "flywheel_optimizer_posterior_fold_lag_seconds"
 DELIVERED = "flywheel_optimizer_provisional_delivery_seconds"
 STAGES = ("busy", "fetch", "queue", "handle", "ack", "total")
 # stage name -> the fold histogram's source
-FOLDS = {"fold_own": "own", "fold_peer": "peer", "provisional": "provisional", "prov_segment": "provisional_segment"}
+FOLDS = {
+    "fold_own": "own",
+    "fold_peer": "peer",
+    "provisional": "provisional",
+    "prov_segment": "provisional_segment",
+    "prov_peer": "provisional_peer",
+    "prov_peer_segment": "provisional_peer_segment",
+}
 DEFERRED = "flywheel_optimizer_feedback_deferred_total"
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -180,7 +189,7 @@ async def measure(
         "per_replica": [
             {
                 s: Raw(stages={s: replica[s]}, rates=[result.rate]).summary()[s]
-                for s in ("total", "fold_own", "fold_peer", "provisional")
+                for s in ("total", "fold_own", "fold_peer", "provisional", "prov_peer")
             }
             for replica in mine
         ],

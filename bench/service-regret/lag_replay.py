@@ -26,7 +26,8 @@ splits the feedback) and reaching the other one `fold_peer` later instead of `fo
 NOTIFY hop: sent just before the commit -> the other's snapshot has it). When the mode measured
 provisional folds (`provisional` stage: published -> the deciding replica's snapshot has it), the
 replica that made a decision gets its reward after that draw instead, for the measured share of
-the events. Results are stamped
+the events; when it measured peer folds (`prov_peer`: published -> the other replica's snapshot
+has it), the other replica gets it after that draw, for its share. Results are stamped
 with `flywheel.stack.benchstamp` (commit, date, machine, command).
 
     python bench/service-regret/lag_replay.py --lags 10 --seeds 100 --measured bench/results/service-regret-lag.json
@@ -90,7 +91,7 @@ def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
         if replicas > 1:
             names.append("fold_peer")  # a KeyError when missing: not a two-replica lag.py row
         found: dict[str, Any] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
-        for stage in ("provisional", "prov_segment"):
+        for stage in ("provisional", "prov_segment", "prov_peer", "prov_peer_segment"):
             provisional = r["stages"].get(stage) or {}
             if provisional.get("count"):
                 found["stages"][stage] = provisional
@@ -117,9 +118,11 @@ def measured_extras(
     replica would; the other one gets it ``fold_peer`` after the stored -> applied instead of
     ``fold_own``. When the mode measured provisional folds, the replica that made the decision
     (decision t: replica t % 2) gets its reward after a ``provisional`` draw instead, for the
-    measured share of the events (the rest as above). A ``segmented`` world's decisions sample
-    their segment's posterior, so there the segment's provisional stage (``prov_segment``,
-    measured by ``lag.py --world segmented``) is used, and none when the file lacks it."""
+    measured share of the events (the rest as above), and the other replica after a ``prov_peer``
+    draw (the deciding replica told it of its fold, ``peer_folds.py``) for that stage's share. A
+    ``segmented`` world's decisions sample their segment's posterior, so there the segment's
+    stages (``prov_segment``, ``prov_peer_segment``, measured by ``lag.py --world segmented``)
+    are used, and none when the file lacks them."""
     stages = mode["stages"]
     if mode["replicas"] == 1:
         extra = measured_extra(stages, horizon, rng)[None, :]
@@ -129,13 +132,18 @@ def measured_extras(
         peer = applied + quantile_sampler(stages["fold_peer"])(rng, horizon)
         applier = rng.integers(0, 2, size=horizon)
         extra = np.rint(np.where(applier == 0, [own, peer], [peer, own])).astype(np.int64)
+    decider = np.arange(horizon) % extra.shape[0]
+    mine = decider[None, :] == np.arange(extra.shape[0])[:, None]
     stage = "prov_segment" if segmented else "provisional"
     if stage in stages:
         early = np.rint(quantile_sampler(stages[stage])(rng, horizon)).astype(np.int64)
         folded = rng.random(horizon) < mode.get(f"{stage}_share", 1.0)
-        decider = np.arange(horizon) % extra.shape[0]
-        mine = decider[None, :] == np.arange(extra.shape[0])[:, None]
         extra = np.where(mine & folded[None, :], np.minimum(extra, early[None, :]), extra)
+    peer_stage = "prov_peer_segment" if segmented else "prov_peer"
+    if extra.shape[0] > 1 and peer_stage in stages:
+        early = np.rint(quantile_sampler(stages[peer_stage])(rng, horizon)).astype(np.int64)
+        folded = rng.random(horizon) < mode.get(f"{peer_stage}_share", 1.0)
+        extra = np.where(~mine & folded[None, :], np.minimum(extra, early[None, :]), extra)
     return extra
 
 

@@ -155,6 +155,25 @@ def test_the_deciding_replica_gets_a_provisional_fold_first_and_segments_their_o
     assert np.median(seg[decider, np.arange(4000)]) == pytest.approx(9, abs=1)
 
 
+def test_the_other_replica_gets_a_peer_fold_when_measured(replay) -> None:
+    slow, none = _stage(100, 100, 100), _stage(0, 0, 0)
+    stages = {"sdk": none, "total": slow, "fold_own": none, "fold_peer": _stage(40, 40, 40)}
+    stages["provisional"] = {**_stage(5, 5, 5), "count": 4000}
+    stages["prov_peer"] = {**_stage(8, 8, 8), "count": 4000}
+    mode = {"replicas": 2, "stages": stages, "provisional_share": 1.0, "prov_peer_share": 1.0}
+    extra = replay.measured_extras(mode, 4000, np.random.default_rng(0))
+    decider, t = np.arange(4000) % 2, np.arange(4000)
+    # The decider ~5 decisions later, the other replica ~8 (told by the decider), not by the commit.
+    assert np.median(extra[decider, t]) == pytest.approx(5, abs=1)
+    assert np.median(extra[1 - decider, t]) == pytest.approx(8, abs=1)
+    # A quarter of the events told: the other replica waits for the commit for the rest.
+    quarter = replay.measured_extras({**mode, "prov_peer_share": 0.25}, 4000, np.random.default_rng(0))
+    assert 0.2 < (quarter[1 - decider, t] <= 9).mean() < 0.3
+    # A segmented world uses the segment's peer stage, and none when it was not measured.
+    seg = replay.measured_extras(mode, 4000, np.random.default_rng(0), segmented=True)
+    assert np.median(seg[1 - decider, t]) >= 100
+
+
 def test_replicas_of_the_policy_are_the_policy_when_they_see_the_same(replay) -> None:
     run_replicas = sys.modules["inprocess"].run_replicas
     for name in ("stationary", "delayed", "drift", "segmented"):
