@@ -96,10 +96,10 @@ def test_too_large_a_change_draws_again():
     [
         {"policy": {"kind": "thompson_gaussian"}},
         {"policy": {"allocation": "ids"}},
-        # A canary with 60 pulls is past its trial but over its 5% cap: its excess goes by the draws.
-        {"statuses": ["active"] * 9 + ["canary"], "caps": [1.0] * 9 + [0.05]},
+        # Two canaries over their caps: the second one's excess would go by the third-best arm.
+        {"statuses": ["active"] * 8 + ["canary"] * 2, "caps": [1.0] * 8 + [0.05, 0.05]},
     ],
-    ids=["gaussian", "ids", "capped-canary"],
+    ids=["gaussian", "ids", "two-capped-canaries"],
 )
 def test_rules_that_are_not_a_share_of_wins_draw_again(kwargs):
     base = _rebuilt(_snap(**kwargs), W, S)
@@ -109,6 +109,28 @@ def test_rules_that_are_not_a_share_of_wins_draw_again(kwargs):
 def test_a_canary_under_its_cap_is_reweighted():
     base = _rebuilt(_snap(statuses=["active"] * 9 + ["canary"], caps=[1.0] * 9 + [0.9]), W, S)
     assert _reweighted(base, *_with(3, 1, 0)) is not None
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{"exploration_floor": 0.01}, {"exploration_floor": 0.01, "canary_min_pulls": 100}],
+    ids=["capped", "on-trial"],
+)
+def test_a_canary_over_its_cap_or_on_trial_is_reweighted_as_new_draws_would_allocate(policy):
+    # Arm 9, the likeliest best, is a canary capped at 5%: its excess goes to the arm that is
+    # best among the others in each draw. On trial (60 of 100 pulls) it gets its fixed share.
+    kwargs = {"statuses": ["active"] * 9 + ["canary"], "caps": [1.0] * 9 + [0.05]}
+    base = _rebuilt(_snap(policy=dict(policy), **kwargs), W, S)
+    w, s = _with(3, 2, 0)
+    moved = _reweighted(base, w, s)
+    assert moved is not None and moved.draw_set is base.draw_set  # no new draw
+    fresh = _rebuilt(_snap(policy=dict(policy), **kwargs), w, s, seed=7)
+    large = snapshot.rebuild(
+        fresh, stats=Stats(w, s, s.copy()), pulls=w, reward_sums=s, now=NOW, rng=np.random.default_rng(3), draws=200_000
+    )
+    assert moved.probabilities[9] == pytest.approx(large.probabilities[9], abs=1e-3) == pytest.approx(0.05, abs=1e-3)
+    assert np.abs(moved.probabilities - large.probabilities).max() < 0.05
+    assert moved.probabilities[3] > base.probabilities[3]  # the evidence for arm 3 counts
 
 
 def test_draws_with_ties_or_at_the_edge_are_not_kept():
@@ -204,7 +226,7 @@ def test_the_draw_set_store_keeps_at_most_its_bytes_least_recently_used_dropped_
     live = np.ones(10, dtype=bool)
     st = Stats(W, S, S)
     one = reweight.keep(policy, live, st, np.random.default_rng(0).beta(S + 1, W - S + 1, size=(1000, 10)))
-    assert one is not None and one.nbytes == 2 * 1000 * 10 * 4 + 1000 * 4
+    assert one is not None and one.nbytes == 2 * 1000 * 10 * 4 + 2 * 1000 * 4  # logs, winners, runners-up
     store = reweight.DrawSetStore(max_bytes=2 * one.nbytes)
     store.put("a", "basis", one)
     store.put("b", "basis", one)

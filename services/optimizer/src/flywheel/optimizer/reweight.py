@@ -14,8 +14,12 @@ for an operation over more than 500 elements, and under load each release costs 
 a switch interval (5 ms) before it runs again; over 500 or fewer it keeps the GIL throughout.
 
 Reweighting is used while the weights' effective sample size stays above ``MIN_ESS_SHARE`` of
-the draws; otherwise, and for selection rules that are not a plain share of wins (Gaussian and
-linear posteriors, IDS, a canary on trial or at its traffic cap), the caller draws again.
+the draws; otherwise, and for selection rules that are not a weighted share of wins (Gaussian
+and linear posteriors, IDS, more than one arm over its traffic cap), the caller draws again.
+One arm over its cap (a canary, on trial or not) is reweighted too: its excess goes to the arm
+that is best among the others in the same draws, which is each draw's winner or, where the
+capped arm won, its runner-up (kept with the draws), as ``selection.thompson_probabilities``
+hands it on; a canary on trial then gets its fixed share (``canary.trial_shares``).
 Select is unaffected either way: it samples an arm from the probabilities it logs.
 """
 
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flywheel.optimizer.policies import selection
+from flywheel.optimizer.policies import canary, selection
 from flywheel.optimizer.posterior import Stats, beta_params
 from flywheel.optimizer.spec import BETA, IDS, PolicyConfig
 
@@ -46,10 +50,11 @@ class DrawSet:
     beta: np.ndarray
     # Per piece of at most CHUNK draws: log p and log(1 - p), shape (live arms, draws), in
     # float32 (half the memory; a weight needs no more), and which live arm each draw's
-    # largest value belongs to (no ties).
+    # largest value belongs to, and its second largest (no ties; -1 with one live arm).
     log_p: tuple[np.ndarray, ...]
     log_q: tuple[np.ndarray, ...]
     winner: tuple[np.ndarray, ...]
+    runner_up: tuple[np.ndarray, ...]
 
     @property
     def draws(self) -> int:
@@ -57,32 +62,38 @@ class DrawSet:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for part in (self.log_p, self.log_q, self.winner) for a in part)
+        return sum(a.nbytes for part in (self.log_p, self.log_q, self.winner, self.runner_up) for a in part)
 
 
 def keep(policy: PolicyConfig, live: np.ndarray, stats: Stats, draws: np.ndarray) -> DrawSet | None:
     """The draws behind a snapshot's probabilities, if later folds can reweight them: Beta
     posteriors, every draw inside (0, 1) (their logarithms are finite) and no tied winner
-    (a weighted count of winners then equals the share of wins)."""
+    nor runner-up (a weighted count of winners then equals the share of wins)."""
     if policy.kind != BETA or draws.ndim != 2 or draws.shape[1] == 0:
         return None
     if not np.all((draws > 0.0) & (draws < 1.0)):
         return None
-    top = draws.max(axis=1, keepdims=True)
-    if np.any((draws == top).sum(axis=1) > 1):
+    rows = np.arange(draws.shape[0])
+    winner = draws.argmax(axis=1)
+    rest = draws.copy()
+    rest[rows, winner] = -np.inf
+    runner_up = rest.argmax(axis=1) if draws.shape[1] > 1 else np.full(len(rows), -1)
+    if np.any((draws == draws[rows, winner][:, None]).sum(axis=1) > 1):
+        return None
+    if draws.shape[1] > 1 and np.any((rest == rest[rows, runner_up][:, None]).sum(axis=1) > 1):
         return None
     idx = np.flatnonzero(live)
     alpha, beta = beta_params(Stats(stats.w[idx], stats.s[idx], stats.ss[idx]))
     pieces = range(0, draws.shape[0], CHUNK)
     log_p, log_q = np.log(draws).T.astype(np.float32), np.log1p(-draws).T.astype(np.float32)
-    winner = draws.argmax(axis=1).astype(np.int32)
     return DrawSet(
         idx,
         alpha,
         beta,
         tuple(np.ascontiguousarray(log_p[:, i : i + CHUNK]) for i in pieces),
         tuple(np.ascontiguousarray(log_q[:, i : i + CHUNK]) for i in pieces),
-        tuple(winner[i : i + CHUNK] for i in pieces),
+        tuple(winner[i : i + CHUNK].astype(np.int32) for i in pieces),
+        tuple(runner_up[i : i + CHUNK].astype(np.int32) for i in pieces),
     )
 
 
@@ -96,8 +107,9 @@ def probabilities(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(selection probabilities, probability each arm is best) over all arms for ``stats``,
     from ``draw_set`` reweighted; the same rule as ``selection.thompson_probabilities`` with
-    the floor and caps. None when the draws cannot serve: draw again."""
-    if policy.kind != BETA or policy.allocation == IDS or (trial is not None and np.any(trial > 0)):
+    the floor and caps, then the trial shares of canaries on trial (``trial``), as
+    ``snapshot._drawn_probabilities``. None when the draws cannot serve: draw again."""
+    if policy.kind != BETA or policy.allocation == IDS:
         return None
     idx = np.flatnonzero(live)
     if not np.array_equal(idx, draw_set.live):
@@ -115,9 +127,9 @@ def probabilities(
             lw += db * log_q[j]
         log_w.append(lw)
     top = max(float(lw.max()) for lw in log_w)
+    weights = [np.exp(lw - top) for lw in log_w]
     wins, total, squares = np.zeros(k), 0.0, 0.0
-    for lw, winner in zip(log_w, draw_set.winner, strict=True):
-        w = np.exp(lw - top)
+    for w, winner in zip(weights, draw_set.winner, strict=True):
         total += float(w.sum())
         squares += float(w @ w)
         wins += np.bincount(winner, weights=w, minlength=k)
@@ -126,11 +138,26 @@ def probabilities(
         return None
     wins /= total
     cap = caps[idx]
-    if np.any(wins > cap + 1e-12):
-        return None  # thompson_probabilities hands a capped arm's excess on by the draws: draw again
+    shares = wins
+    over = np.flatnonzero(wins > cap + 1e-12)
+    if len(over) > 1:
+        return None  # the excess of one capped arm would go to the next: draw again
+    if len(over) == 1:
+        # thompson_probabilities: the capped arm at its cap, the rest shared as each arm is
+        # best among the others: the winner of a draw, or its runner-up where the capped arm won.
+        c = int(over[0])
+        among = np.zeros(k)
+        for w, winner, runner_up in zip(weights, draw_set.winner, draw_set.runner_up, strict=True):
+            among += np.bincount(np.where(winner == c, runner_up, winner), weights=w, minlength=k)
+        shares = among / total * (1.0 - float(cap[c]))
+        shares[c] = cap[c]
+        if np.any(np.delete(shares > cap + 1e-12, c)):
+            return None  # a second arm over its cap: draw again
     out, best = np.zeros(len(live)), np.zeros(len(live))
     best[idx] = wins
-    out[idx] = selection.constrain(wins, floor=policy.exploration_floor, caps=cap)
+    out[idx] = selection.constrain(shares, floor=policy.exploration_floor, caps=cap)
+    if trial is not None and np.any(trial > 0):
+        out = canary.trial_shares(out, trial > 0, trial)
     return out, best
 
 
