@@ -581,15 +581,7 @@ class PosteriorCache:
         """The rebuild by reweighting ``base``'s draws, on the event loop (None: draw again)."""
         if base.draw_set is None or len(provisional) > MAX_LOOP_PROVISIONAL:
             return None
-        if provisional:
-            counts = _with_provisional(counts, base.arm_ids, provisional)
-        snap = snapshot.reweighted(
-            base,
-            stats=counts.stats,
-            pulls=counts.pulls,
-            reward_sums=counts.reward_sums,
-            now=fold.from_epoch(counts.as_of),
-        )
+        snap = snapshot.reweighted(base, **_fields(_with_provisional(counts, base.arm_ids, provisional)))
         if snap is not None:
             _ = snap.cdf  # computed here, not by the first Select
         return snap
@@ -597,17 +589,8 @@ class PosteriorCache:
     def _rebuilt(
         self, base: EndpointSnapshot, counts: Counts, provisional: list[tuple[str, Increment]]
     ) -> EndpointSnapshot:
-        if provisional:
-            counts = _with_provisional(counts, base.arm_ids, provisional)
-        snap = snapshot.rebuild(
-            base,
-            stats=counts.stats,
-            pulls=counts.pulls,
-            reward_sums=counts.reward_sums,
-            now=fold.from_epoch(counts.as_of),
-            rng=self._rebuild_rng,
-            draws=self._fold_draws,
-        )
+        counts = _with_provisional(counts, base.arm_ids, provisional)
+        snap = snapshot.rebuild(base, **_fields(counts), rng=self._rebuild_rng, draws=self._fold_draws)
         _ = snap.cdf  # computed here, not by the first Select
         return snap
 
@@ -677,10 +660,22 @@ def _carry_draws(old: EndpointSnapshot | None, new: EndpointSnapshot) -> Endpoin
     return out
 
 
+def _fields(counts: Counts) -> dict[str, Any]:
+    """``snapshot.rebuild``'s and ``reweighted``'s arguments for ``counts``."""
+    return {
+        "stats": counts.stats,
+        "pulls": counts.pulls,
+        "reward_sums": counts.reward_sums,
+        "now": fold.from_epoch(counts.as_of),
+    }
+
+
 def _with_provisional(
     counts: Counts, arm_ids: list[str], provisional: dict[str, tuple[str, Increment]] | list[tuple[str, Increment]]
 ) -> Counts:
     """``counts`` with the provisional folds on top (those of arms still known)."""
+    if not provisional:
+        return counts
     index = {a: i for i, a in enumerate(arm_ids)}
     folds = provisional.values() if isinstance(provisional, dict) else provisional
     return fold.overlay(counts, [(index[a], inc) for a, inc in folds if a in index])

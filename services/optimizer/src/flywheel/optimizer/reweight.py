@@ -25,11 +25,11 @@ Select is unaffected either way: it samples an arm from the probabilities it log
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
+from cachetools import LRUCache
 
 from flywheel.optimizer.policies import canary, selection
 from flywheel.optimizer.posterior import Stats, beta_params
@@ -166,36 +166,26 @@ class DrawSetStore:
     them: the least recently used is dropped first (its next rebuild draws again)."""
 
     def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._bytes = 0
-        self._sets: OrderedDict[Hashable, tuple[Hashable, DrawSet]] = OrderedDict()
+        self._sets: LRUCache[Hashable, tuple[Hashable, DrawSet]] = LRUCache(
+            maxsize=max_bytes, getsizeof=lambda kept: kept[1].nbytes
+        )
 
     def get(self, key: Hashable, basis: Hashable) -> DrawSet | None:
         """The draw set kept for ``key`` if it was drawn under the same ``basis``."""
-        kept = self._sets.get(key)
-        if kept is None or kept[0] != basis:
-            return None
-        self._sets.move_to_end(key)
-        return kept[1]
+        kept = self._sets.get(key)  # a hit makes it the most recently used
+        return None if kept is None or kept[0] != basis else kept[1]
 
     def put(self, key: Hashable, basis: Hashable, draw_set: DrawSet | None) -> None:
         self.pop(key)
-        if draw_set is None or draw_set.nbytes > self._max:
-            return
-        self._sets[key] = (basis, draw_set)
-        self._bytes += draw_set.nbytes
-        while self._bytes > self._max:
-            _, (_, dropped) = self._sets.popitem(last=False)
-            self._bytes -= dropped.nbytes
+        if draw_set is not None and draw_set.nbytes <= self._sets.maxsize:
+            self._sets[key] = (basis, draw_set)
 
     def pop(self, key: Hashable) -> None:
-        kept = self._sets.pop(key, None)
-        if kept is not None:
-            self._bytes -= kept[1].nbytes
+        self._sets.pop(key, None)
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return int(self._sets.currsize)
 
     def __len__(self) -> int:
         return len(self._sets)

@@ -230,22 +230,9 @@ def rebuild(
     posterior fields computed again from ``draws`` joint posterior draws, which it keeps
     for ``reweighted`` when they are Beta draws. Cheaper than ``build``: nothing is parsed
     or copied."""
-    fields = _posterior_fields(
-        snap.policy,
-        snap.arm_ids,
-        snap.statuses,
-        snap.caps,
-        snap.stored_incumbent,
-        stats,
-        pulls,
-        reward_sums,
-        now,
-        rng,
-        draws,
-        keep=True,
-    )
-    assert fields is not None  # drawn, not reused
-    return _replaced(snap, fields)
+    out = _with_stats(snap, stats, pulls, reward_sums, now, rng=rng, draws=draws, keep=True)
+    assert out is not None  # drawn, not reused
+    return out
 
 
 def reweighted(
@@ -256,19 +243,21 @@ def reweighted(
     too little effective sample size left): ``rebuild`` instead."""
     if snap.draw_set is None:
         return None
-    fields = _posterior_fields(
-        snap.policy,
-        snap.arm_ids,
-        snap.statuses,
-        snap.caps,
-        snap.stored_incumbent,
-        stats,
-        pulls,
-        reward_sums,
-        now,
-        None,
-        reuse=snap.draw_set,
-    )
+    return _with_stats(snap, stats, pulls, reward_sums, now, reuse=snap.draw_set)
+
+
+def _with_stats(
+    snap: EndpointSnapshot,
+    stats: Stats,
+    pulls: np.ndarray,
+    reward_sums: np.ndarray,
+    now: datetime,
+    **how: Any,
+) -> EndpointSnapshot | None:
+    """``snap`` with its posterior fields for new statistics (``how``: ``_posterior_fields``'
+    rng, draws, keep or reuse); None when reused draws cannot serve."""
+    arms = (snap.arm_ids, snap.statuses, snap.caps, snap.stored_incumbent)
+    fields = _posterior_fields(snap.policy, *arms, stats, pulls, reward_sums, now, **how)
     return None if fields is None else _replaced(snap, fields)
 
 
@@ -289,7 +278,7 @@ def _posterior_fields(
     pulls: np.ndarray,
     reward_sums: np.ndarray,
     now: datetime,
-    rng: np.random.Generator | None,
+    rng: np.random.Generator | None = None,
     draws: int = PROPENSITY_DRAWS,
     *,
     keep: bool = False,
