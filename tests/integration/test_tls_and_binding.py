@@ -42,7 +42,7 @@ from flywheel.reward_judge.testing.scripted_llm import ScriptedLlm
 from flywheel.sdk.admin import AdminClient
 from flywheel.sdk.client import FlywheelClient
 from flywheel.sdk.sync import SyncFlywheelClient
-from flywheel.stack.servers import free_port, process_alive
+from flywheel.stack.servers import free_port, free_ports, process_alive
 from flywheel.stack.services import ServiceProcess
 
 pytestmark = pytest.mark.integration
@@ -332,7 +332,7 @@ class Direct:
     """A service process started here, not by the launcher (which pins 127.0.0.1)."""
 
     def __init__(self, service: str, env: dict[str, str], log: Path) -> None:
-        self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.grpc_port, self.metrics_port = free_ports(2)  # distinct: chosen with both bound
         prefix = f"FLYWHEEL_{service.upper()}_"
         clean = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
         full = {
