@@ -49,3 +49,33 @@ def test_measurements_are_not_rewards_unless_weighted():
     with pytest.raises(ValueError, match="no reward"):
         combine_reward(None, {"latency_ms": 850.0, "cost_usd": 0.01}, {})
     assert combine_reward(None, {"latency_ms": 0.2}, {"latency_ms": 1.0}) == pytest.approx(0.2)
+
+
+def test_a_bounded_endpoint_clips_a_reward_outside_the_unit_interval_and_says_so():
+    from types import SimpleNamespace
+
+    from prometheus_client import REGISTRY
+    from structlog.testing import capture_logs
+
+    from flywheel.optimizer import service
+    from flywheel.optimizer.service import FeedbackItem
+
+    def clipped(side: str) -> float:
+        return REGISTRY.get_sample_value("flywheel_optimizer_rewards_clipped_total", {"side": side}) or 0.0
+
+    target = SimpleNamespace(decision=SimpleNamespace(endpoint="bot"), weights={}, bounded=True, kind="thompson_beta")
+    above, below = clipped("above"), clipped("below")
+    service._clip_warned_at[0] = float("-inf")
+    with capture_logs() as logs:
+        assert service._reward(FeedbackItem("e1", "d1", 5.0, {}), target) == 1.0  # stars sent as a reward
+        assert service._reward(FeedbackItem("e2", "d1", 1e300, {}), target) == 1.0
+        assert service._reward(FeedbackItem("e3", "d1", -0.5, {}), target) == 0.0
+        assert service._reward(FeedbackItem("e4", "d1", 0.7, {}), target) == 0.7  # in range: nothing to say
+    assert (clipped("above") - above, clipped("below") - below) == (2.0, 1.0)
+    # One warning a minute names the endpoint and the value, not one per event.
+    warnings = [e for e in logs if "clipped by a bounded endpoint" in e["event"]]
+    assert len(warnings) == 1 and warnings[0]["endpoint"] == "bot" and warnings[0]["reward"] == 5.0
+    # An unbounded endpoint refuses what it cannot hold instead.
+    gaussian = SimpleNamespace(decision=target.decision, weights={}, bounded=False, kind="thompson_gaussian")
+    refused = service._reward(FeedbackItem("e5", "d1", 1e300, {}), gaussian)
+    assert isinstance(refused, service.InvalidArgument) and "outside" in str(refused)

@@ -7,11 +7,14 @@ exceptions; they never touch gRPC or NATS. Selection lives in selector.py (hot p
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
+from prometheus_client import Counter
 from sqlalchemy import JSON, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -323,13 +326,51 @@ def _target(
     return _Target(decision, spec.get("signal_weights", {}), spec.get("bounded", True), endpoint.policy_kind)
 
 
+CLIPPED = Counter(
+    "flywheel_optimizer_rewards_clipped_total",
+    "Rewards outside [0, 1] that a bounded endpoint's feedback transaction clipped into it, by side "
+    "(below, above): a product sending rewards on another scale (rescale them, or declare signal weights)",
+    ["side"],
+)
+# At most one warning per this many seconds names an endpoint whose rewards were clipped.
+CLIP_WARNING_S = 60.0
+_clip_warned_at = [-math.inf]
+
+
 def _reward(item: FeedbackItem, target: _Target) -> float | ServiceError:
-    return reward_value(item, weights=target.weights, bounded=target.bounded, kind=target.kind)
+    return reward_value(
+        item,
+        weights=target.weights,
+        bounded=target.bounded,
+        kind=target.kind,
+        clipped=lambda value: _clipped(target.decision.endpoint, value),
+    )
 
 
-def reward_value(item: FeedbackItem, *, weights: dict[str, float], bounded: bool, kind: str) -> float | ServiceError:
-    """The event's reward as an endpoint with these reward settings takes it (clipped, or
-    refused when out of range)."""
+def _clipped(endpoint: str, value: float) -> None:
+    CLIPPED.labels("below" if value < 0 else "above").inc()
+    now = time.monotonic()
+    if now - _clip_warned_at[0] >= CLIP_WARNING_S:
+        _clip_warned_at[0] = now
+        log.warning(
+            "a reward outside [0, 1] was clipped by a bounded endpoint (more are counted in "
+            "flywheel_optimizer_rewards_clipped_total, warned once a minute)",
+            endpoint=endpoint,
+            reward=value,
+        )
+
+
+def reward_value(
+    item: FeedbackItem,
+    *,
+    weights: dict[str, float],
+    bounded: bool,
+    kind: str,
+    clipped: Callable[[float], None] | None = None,
+) -> float | ServiceError:
+    """The event's reward as an endpoint with these reward settings takes it: clipped into
+    [0, 1] on a bounded endpoint (``clipped`` is told the value when it was outside), refused
+    out of range on an unbounded one."""
     if item.reward is not None and not weights:
         value = item.reward  # a scalar wins (combine_reward), without the call
     else:
@@ -338,6 +379,8 @@ def reward_value(item: FeedbackItem, *, weights: dict[str, float], bounded: bool
         except ValueError as exc:
             return InvalidArgument(str(exc))
     if bounded:
+        if clipped is not None and not 0.0 <= value <= 1.0:
+            clipped(value)
         return min(1.0, max(0.0, value))
     if not abs(value) <= MAX_ABS_REWARD:  # also NaN/inf from weighting huge signals
         # Refused, not clipped: a clipped 1e300 would still pull the posterior far off.
