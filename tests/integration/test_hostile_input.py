@@ -967,8 +967,8 @@ async def _unknown_decision(c: Ctx, msg: Message) -> None:
 
 
 async def _reward_huge_on_gaussian(c: Ctx, msg: Message) -> None:
-    # Bounded endpoints clip rewards to [0, 1] (documented, and counted: test_rewards.py); an unbounded one must refuse a
-    # reward its posterior cannot hold (1e300 made it NaN).
+    # Bounded endpoints clip rewards to [0, 1] (documented, and counted: test_rewards.py); an
+    # unbounded one must refuse a reward its posterior cannot hold (1e300 made it NaN).
     msg.decision_id = (await c.select(c.gauss_endpoint)).decision_id
     await asyncio.sleep(0.1)
     msg.reward = 1e300
