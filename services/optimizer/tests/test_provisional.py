@@ -284,14 +284,12 @@ async def test_a_segment_serves_its_provisional_folds_until_they_are_settled_or_
     assert not segments._overlay and not segments._overlay_of
 
 
-async def test_a_transaction_tells_other_replicas_only_of_events_whose_decisions_they_made(monkeypatch):
+async def _announced(cache: PosteriorCache, monkeypatch) -> tuple[dict[str, object], FoldBatch]:
+    """What a transaction settling one event of decision "mine" and one of "theirs" tells the
+    other replicas (``notify.announce``'s arguments), and its FoldBatch."""
     from flywheel.optimizer import notify, service
     from flywheel.optimizer.service import FeedbackItem
 
-    cache = _cache()
-    recent = RecentDecisions(100)
-    recent.add_many([SimpleNamespace(decision_id="mine", endpoint="bot", arm_id="a", features=None, segment="")])
-    cache.track_provisional(recent)
     sent: dict[str, object] = {}
 
     async def announce(session, **kwargs):
@@ -301,6 +299,16 @@ async def test_a_transaction_tells_other_replicas_only_of_events_whose_decisions
     monkeypatch.setattr(notify, "announce", announce)
     items = [FeedbackItem("e-mine", "mine", 1.0, {}), FeedbackItem("e-theirs", "theirs", 1.0, {})]
     batch = await service._announce(None, cache, {("bot", "a", ""): _inc(1.0)}, {"bot": 0.0}, items)  # type: ignore[arg-type]
+    return sent, batch
+
+
+async def test_a_transaction_tells_other_replicas_only_of_events_whose_decisions_they_made(monkeypatch):
+
+    cache = _cache()
+    recent = RecentDecisions(100)
+    recent.add_many([SimpleNamespace(decision_id="mine", endpoint="bot", arm_id="a", features=None, segment="")])
+    cache.track_provisional(recent)
+    sent, batch = await _announced(cache, monkeypatch)
     assert sent["settled"] == ["e-theirs"]  # the other replica folded that one provisionally
     assert batch.settled == ("e-mine", "e-theirs")  # this replica settles both
 
@@ -402,8 +410,6 @@ async def test_a_peers_fold_is_timed_under_its_own_source():
 async def test_a_replica_sends_its_folds_only_once_it_has_heard_of_a_peer_and_then_names_every_settled_event(
     monkeypatch,
 ):
-    from flywheel.optimizer import notify, service
-    from flywheel.optimizer.service import FeedbackItem
 
     cache = _cache()
     recent = RecentDecisions(100)
@@ -430,15 +436,7 @@ async def test_a_replica_sends_its_folds_only_once_it_has_heard_of_a_peer_and_th
     assert [f.event_id for f in sent.folds] == ["e1", "e2", "e3"] and sent.folds[0].arm_id == "a"
 
     # While it shares, its transactions name the events of its own decisions too.
-    said: dict[str, object] = {}
-
-    async def announce(session, **kwargs):
-        said.update(kwargs)
-        return 11, 100.0
-
-    monkeypatch.setattr(notify, "announce", announce)
-    items = [FeedbackItem("e-mine", "mine", 1.0, {}), FeedbackItem("e-theirs", "theirs", 1.0, {})]
-    await service._announce(None, cache, {("bot", "a", ""): _inc(1.0)}, {"bot": 0.0}, items)  # type: ignore[arg-type]
+    said, _ = await _announced(cache, monkeypatch)
     assert said["settled"] == ["e-mine", "e-theirs"]
 
 
