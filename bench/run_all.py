@@ -103,7 +103,7 @@ BENCHES: list[Bench] = [
     Bench(
         "regret",
         "regret/run.py",
-        {"quick": Mode(("--quick",), 2), "full": Mode((), 30)},
+        {"quick": Mode(("--quick",), 2), "full": Mode((), 75)},  # ~70 min with 2 jobs on the 2-core machine
         peers=("mabwiser",),
         optional=("vowpalwabbit", "matplotlib"),
     ),

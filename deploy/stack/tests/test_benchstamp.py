@@ -157,6 +157,19 @@ def test_untracked_code_or_no_inputs_match_no_commit(repo: Path) -> None:
     assert benchstamp.same_code({"commit": head}, head, root=repo) is None  # stamped before inputs existed
 
 
+def test_a_peer_imported_from_the_bench_download_cache_is_not_repository_code(repo: Path) -> None:
+    # bench/ope imports obp from its wheel, unpacked into the gitignored bench/.cache: a package,
+    # like those in .venv, so the result still matches the commit it ran at.
+    (repo / ".gitignore").write_text("bench/.cache/\n")
+    head = _commit(repo, "ignore the cache")
+    for rel in ("bench/.cache/obp-0.4.1/obp/__init__.py", ".venv/lib/site.py"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("x = 1\n")
+    stamp = {"inputs": _inputs(repo, "bench/b/run.py", "bench/.cache/obp-0.4.1/obp/__init__.py", ".venv/lib/site.py")}
+    assert stamp["inputs"]["untracked"] == [] and stamp["inputs"]["folders"] == ["bench/b"]
+    assert benchstamp.same_code(stamp, head, root=repo) is True
+
+
 def test_the_stamp_records_the_code_it_ran() -> None:
     inputs = benchstamp.stamp({})["stamp"]["inputs"]
     assert inputs["digest"] and inputs["files"] > 0

@@ -64,6 +64,12 @@ def _blobs(commit: str | None = None, root: Path = ROOT) -> dict[str, str]:
     return blobs
 
 
+# Folders of the repository that hold other people's code, not ours: installed packages, and the
+# wheels a bench downloads and imports from its cache (obp in bench/ope). Ignored by git; their
+# versions are the bench's params, not its code inputs (a file git does not know would otherwise
+# make the result match no commit).
+THIRD_PARTY = (".venv", "bench/.cache")
+
 # Which files a digest covers. 1: the first rule. 2: the same without Markdown files, whose edits
 # (a bench's README) change no figure. A stamp keeps the rule it was made with.
 INPUTS_RULE = 2
@@ -101,7 +107,9 @@ def code_inputs(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dic
         if not isinstance(file, str) or name == __name__:  # the stamping is not the code measured
             continue
         path = Path(file).resolve()
-        if not path.is_file() or not path.is_relative_to(root) or path.is_relative_to(root / ".venv"):
+        if not path.is_file() or not path.is_relative_to(root):
+            continue
+        if any(path.is_relative_to(root / folder) for folder in THIRD_PARTY):
             continue
         rel = path.relative_to(root)
         loaded.add(rel.as_posix())
