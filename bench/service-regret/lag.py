@@ -11,6 +11,9 @@ unpaced (at most 8 Selects in flight). Per mode it reports p50/p90/p99 of each s
 milliseconds and in decisions served meanwhile (ms x the mode's measured rate, both replicas'
 decisions together):
 
+- ``pre_publish``: the decision made (its ``created_at``, when Select sampled it) -> its feedback
+  published, and in decisions the count of decisions made in between (read back from PostgreSQL,
+  not derived from the rate): those the concurrent Selects sampled before any fold could start;
 - ``sdk``: ``feedback_nowait`` -> JetStream acknowledged the publish (the SDK's
   ``FeedbackQueueStats.ack_seconds``; includes the store and the acknowledgement's way back);
 - ``busy``: stored in the stream -> the consumer sent the fetch that took it (it waited while
@@ -57,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -165,7 +169,8 @@ async def measure(
     before = scrape_all(ports)
     deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports)
     stack.handed = []
-    result = await play_service(stack, world, mode, f"lag-{variant}-{mode.name}-{run}", {})
+    name, published = f"lag-{variant}-{mode.name}-{run}", {}
+    result = await play_service(stack, world, mode, name, {}, published=published)
     await asyncio.sleep(0.5)  # the last acks and rebuilds observed
     after = scrape_all(ports)
     deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports) - deferred
@@ -173,6 +178,7 @@ async def measure(
     # Per replica, then summed: the mode's events (and folds) wherever they were handled.
     mine = [{s: minus(a[s], b[s]) for s in a} for a, b in zip(after, before, strict=True)]
     raw = Raw(sdk=[x for q in queues for x in q.stats.ack_seconds], rates=[result.rate])
+    raw.pre_publish = await pre_publish(stack, name, published)
     for replica in mine:
         raw.add(Raw(stages=replica))
     return {
@@ -196,18 +202,44 @@ async def measure(
     }, raw
 
 
+async def pre_publish(stack: RecordingStack, endpoint: str, published: dict[str, float]) -> list[tuple[float, int]]:
+    """Per decision: (seconds, decisions) from its making (``decisions.created_at``, stamped when
+    Select sampled it) to its feedback's publish, and how many decisions of the endpoint (every
+    replica's) were made in between: what the concurrent Selects sampled without its reward
+    before any fold could start. Read back from PostgreSQL (one clock: this machine's)."""
+    url = stack.env["FLYWHEEL_DB_URL"].replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(url, server_settings={"search_path": stack.env.get("FLYWHEEL_DB_SCHEMA", "public")})
+    try:
+        rows = await conn.fetch(
+            "SELECT decision_id, extract(epoch FROM created_at)::float8 AS t FROM decisions WHERE endpoint = $1",
+            endpoint,
+        )
+    finally:
+        await conn.close()
+    made = {r["decision_id"]: r["t"] for r in rows}
+    times = np.sort(np.fromiter(made.values(), dtype=float, count=len(made)))
+    out = []
+    for decision_id, at in published.items():
+        if decision_id in made:
+            between = np.searchsorted(times, at, "right") - np.searchsorted(times, made[decision_id], "right")
+            out.append((at - made[decision_id], int(between)))
+    return out
+
+
 @dataclass
 class Raw:
     """What one run (or several, pooled) observed: the SDK's ack latencies, each stage's bucket
-    counts between the scrapes, and the runs' decision rates."""
+    counts between the scrapes, the runs' decision rates, and each decision's pre-publish lag."""
 
     sdk: list[float] = field(default_factory=list)
     stages: dict[str, dict[float, float]] = field(default_factory=dict)
     rates: list[float] = field(default_factory=list)
+    pre_publish: list[tuple[float, int]] = field(default_factory=list)
 
     def add(self, other: Raw) -> None:
         self.sdk += other.sdk
         self.rates += other.rates
+        self.pre_publish += other.pre_publish
         for stage, counts in other.stages.items():
             mine = self.stages.setdefault(stage, {})
             for le, n in counts.items():
@@ -218,6 +250,14 @@ class Raw:
         rate = float(np.mean(self.rates)) if self.rates else float("nan")
         sdk = np.array(self.sdk)
         out = {"sdk": row({q: float(np.quantile(sdk, q)) if sdk.size else None for q in QUANTILES}, rate, sdk.size)}
+        if self.pre_publish:
+            seconds, between = (np.array(x, dtype=float) for x in zip(*self.pre_publish, strict=True))
+            pre = row({q: float(np.quantile(seconds, q)) for q in QUANTILES}, rate, seconds.size)
+            for q in QUANTILES:  # counted, not derived from the rate
+                pre[f"p{round(q * 100)}_decisions"] = round(float(np.quantile(between, q)), 1)
+            values, counts = np.unique(between.astype(int), return_counts=True)
+            pre["histogram"] = {str(v): int(n) for v, n in zip(values, counts, strict=True)}  # for lag_replay.py
+            out["pre_publish"] = pre
         for stage, counts in self.stages.items():
             out[stage] = row({q: histogram_quantile(q, {}, counts) for q in QUANTILES}, rate, counts.get(INF, 0.0))
         return out

@@ -27,7 +27,10 @@ NOTIFY hop: sent just before the commit -> the other's snapshot has it). When th
 provisional folds (`provisional` stage: published -> the deciding replica's snapshot has it), the
 replica that made a decision gets its reward after that draw instead, for the measured share of
 the events; when it measured peer folds (`prov_peer`: published -> the other replica's snapshot
-has it), the other replica gets it after that draw, for its share. Results are stamped
+has it), the other replica gets it after that draw, for its share. Every path starts at the
+publish, so when the file measured `pre_publish` (the decisions sampled between a decision and
+its feedback's publish: the concurrent Selects) a draw of it is added to every reward's lag, for
+every replica. Results are stamped
 with `flywheel.stack.benchstamp` (commit, date, machine, command).
 
     python bench/service-regret/lag_replay.py --lags 10 --seeds 100 --measured bench/results/service-regret-lag.json
@@ -90,6 +93,8 @@ def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
             names.append("fold_own")
         if replicas > 1:
             names.append("fold_peer")  # a KeyError when missing: not a two-replica lag.py row
+        if (r["stages"].get("pre_publish") or {}).get("count"):
+            names.append("pre_publish")  # lag.py files from before it was measured lack it
         found: dict[str, Any] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
         for stage in ("provisional", "prov_segment", "prov_peer", "prov_peer_segment"):
             provisional = r["stages"].get(stage) or {}
@@ -144,7 +149,21 @@ def measured_extras(
         early = np.rint(quantile_sampler(stages[peer_stage])(rng, horizon)).astype(np.int64)
         folded = rng.random(horizon) < mode.get(f"{peer_stage}_share", 1.0)
         extra = np.where(~mine & folded[None, :], np.minimum(extra, early[None, :]), extra)
+    if "pre_publish" in stages:  # every path starts at the publish: the decisions sampled before it
+        extra = extra + count_sampler(stages["pre_publish"])(rng, horizon)[None, :]
     return extra
+
+
+def count_sampler(stage: dict[str, Any]) -> Any:
+    """Draws from a stage measured as counts (``histogram``: {decisions: times seen}), exactly
+    as seen; from its quantiles (``quantile_sampler``) when it has none."""
+    histogram = stage.get("histogram")
+    if not histogram:
+        quantiles = quantile_sampler(stage)
+        return lambda rng, n: np.rint(quantiles(rng, n)).astype(np.int64)
+    values = np.array([int(v) for v in histogram], dtype=np.int64)
+    weights = np.array(list(histogram.values()), dtype=float)
+    return lambda rng, n: rng.choice(values, size=n, p=weights / weights.sum())
 
 
 def paired_ratio(lagged_regret: np.ndarray, reference: np.ndarray, rng: np.random.Generator) -> dict[str, float]:

@@ -208,8 +208,16 @@ async def wait_applied(stack: Stack, name: str, want: int, stall_s: float = 10.0
             await asyncio.sleep(0.2)
 
 
-async def play_service(stack: Stack, world: World, mode: Mode, name: str, half_life: dict[str, float]) -> RunResult:
-    """Play ``world`` through the service on a new endpoint ``name``; every reward applied."""
+async def play_service(
+    stack: Stack,
+    world: World,
+    mode: Mode,
+    name: str,
+    half_life: dict[str, float],
+    published: dict[str, float] | None = None,
+) -> RunResult:
+    """Play ``world`` through the service on a new endpoint ``name``; every reward applied.
+    ``published``, when given, gets each decision id's feedback publish time (``time.time()``)."""
     await create_endpoint(stack, endpoint_request(name, world, half_life))
     clients = stack.clients()
     horizon = world.horizon
@@ -233,6 +241,8 @@ async def play_service(stack: Stack, world: World, mode: Mode, name: str, half_l
             arms[t] = arm
             returned += 1
             if world.delays[t] == 0:
+                if published is not None:
+                    published[decision.decision_id] = time.time()
                 client.feedback_nowait(decision, reward=float(world.rewards[t, arm]))
             else:
                 heapq.heappush(pending, (t + int(world.delays[t]) + 1, t, decision, client))

@@ -174,6 +174,30 @@ def test_the_other_replica_gets_a_peer_fold_when_measured(replay) -> None:
     assert np.median(seg[1 - decider, t]) >= 100
 
 
+def test_the_decisions_sampled_before_the_publish_add_to_every_replicas_lag(replay) -> None:
+    none = _stage(0, 0, 0)
+    pre = {**_stage(7, 8, 9), "count": 4000, "histogram": {"6": 1000, "7": 2000, "8": 1000}}
+    stages = {"sdk": none, "total": _stage(50, 50, 50), "fold_own": none, "fold_peer": none, "pre_publish": pre}
+    stages["provisional"] = {**none, "count": 4000}  # folded at once after the publish
+    one = replay.measured_extras(
+        {"replicas": 1, "stages": stages, "provisional_share": 1.0}, 4000, np.random.default_rng(0)
+    )
+    # Drawn from the counts as seen: 6, 7 or 8, never below 6 (a quantile function would go to 0).
+    assert set(np.unique(one)) == {6, 7, 8} and np.mean(one) == pytest.approx(7, abs=0.1)
+    two = replay.measured_extras(
+        {"replicas": 2, "stages": stages, "provisional_share": 1.0}, 4000, np.random.default_rng(0)
+    )
+    decider, t = np.arange(4000) % 2, np.arange(4000)
+    assert np.median(two[decider, t]) == 7 and np.median(two[1 - decider, t]) >= 56  # the other: the commit
+    # A file from before pre_publish was measured replays as before.
+    old = replay.measured_extras(
+        {"replicas": 1, "stages": {k: v for k, v in stages.items() if k != "pre_publish"}, "provisional_share": 1.0},
+        4000,
+        np.random.default_rng(0),
+    )
+    assert (old == 0).all()
+
+
 def test_replicas_of_the_policy_are_the_policy_when_they_see_the_same(replay) -> None:
     run_replicas = sys.modules["inprocess"].run_replicas
     for name in ("stationary", "delayed", "drift", "segmented"):
