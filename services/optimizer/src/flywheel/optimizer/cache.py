@@ -7,9 +7,8 @@ Select samples from the cached snapshot of its endpoint, which changes when
   one rebuild per endpoint at a time, starting at most one per ``rebuild_interval_s`` (or per
   twice the last rebuild's duration, if longer): folds that arrive meanwhile accumulate and
   share the next rebuild. A Beta snapshot's rebuild reweights the draws of the last one on
-  the event loop (``reweight.py``: no new draw, no thread), right in the call that brought the
-  fold when the interval has passed (else when it ends); when those draws no longer serve, it
-  draws again in a worker thread;
+  the event loop (``reweight.py``: no new draw, no thread); when those draws no longer serve,
+  it draws again in a worker thread;
 - another replica commits feedback: its NOTIFY carries the increments (``notice``, see
   ``notify.py``), folded the same way;
 - feedback for one of this replica's decisions is published: it is folded provisionally
@@ -29,11 +28,10 @@ Segment posteriors are cached by ``segment_cache.SegmentCache``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -127,7 +125,6 @@ class _Entry:
     built: int = 0  # the version the installed snapshot reflects
     next_rebuild: float = 0.0  # monotonic time before which no rebuild starts
     rebuilding: asyncio.Task[None] | None = None
-    drawing: bool = False  # the rebuilding task is drawing in a worker thread
     waiters: list[tuple[int, asyncio.Future[bool]]] = field(default_factory=list)
     # Folds not in the installed snapshot yet: (version, since when (time.time()), source)
     timed: list[tuple[int, float, str]] = field(default_factory=list)
@@ -176,7 +173,6 @@ class PosteriorCache:
         # then its feedback transactions name the events they settle (``service.FoldSink``).
         self._recent: RecentDecisions | None = None
         self._sharing: Callable[[], bool] | None = None  # share_provisional
-        self._together: dict[str, _Entry] | None = None  # endpoints changed inside _one_change
         # event id -> (endpoint, when folded (monotonic)), oldest first: for settling and expiry.
         self._provisional: dict[str, tuple[str, float]] = {}
         self._settled: dict[str, None] = {}  # recently settled event ids, oldest first
@@ -391,11 +387,10 @@ class PosteriorCache:
         """This replica's feedback transaction committed: fold its increments in now, in place
         of the provisional folds of the events it settled."""
         now = time.time()
-        with self._one_change():
-            if batch.settled:
-                self.settle(batch.settled)
-            for name, f in batch.folds().items():
-                self._fold(name, f, "own", now)
+        if batch.settled:
+            self.settle(batch.settled)
+        for name, f in batch.folds().items():
+            self._fold(name, f, "own", now)
         if self._segment_folds is not None and batch.segments:
             self._segment_folds(batch.segments, committed_at=time.monotonic())
 
@@ -547,55 +542,8 @@ class PosteriorCache:
         entry.version += 1
         if since > 0 and len(entry.timed) < MAX_TIMED_FOLDS:
             entry.timed.append((entry.version, since, source))
-        if self._together is not None:
-            self._together[name] = entry  # rebuilt once, when the change is whole
-            return
-        self._schedule(name, entry)
-
-    @contextlib.contextmanager
-    def _one_change(self) -> Iterator[None]:
-        """Several steps of one change (a commit drops its provisional folds, then adds its
-        increments): each endpoint is rebuilt once, after the last, never in between."""
-        if self._together is not None:
-            yield
-            return
-        self._together = {}
-        try:
-            yield
-        finally:
-            together, self._together = self._together, None
-            for name, entry in together.items():
-                if self._entries.get(name) is entry:
-                    self._schedule(name, entry)
-
-    def _schedule(self, name: str, entry: _Entry) -> None:
-        if not entry.drawing and time.monotonic() >= entry.next_rebuild and self._rebuild_now(name, entry):
-            return
         if entry.rebuilding is None:
             entry.rebuilding = asyncio.get_running_loop().create_task(self._rebuild(name, entry))
-
-    def _rebuild_now(self, name: str, entry: _Entry) -> bool:
-        """Rebuild right here, in the caller's turn of the event loop, by reweighting: a fold that
-        arrives once the interval has passed needs no timer's wake-up nor task, each of which
-        waits for the GIL behind Select's worker threads under load. False: the rebuilding task
-        does it (a redraw, or a rebuild that failed here)."""
-        base = self._snapshots.get(name)
-        if base is None:
-            return False
-        started = time.monotonic()
-        try:
-            snap = self._reweighted(base, entry.counts, entry.provisional)
-        except Exception as exc:  # noqa: BLE001 - the task tries again, and logs what it finds
-            log.debug("posterior rebuild in place failed", endpoint=name, error=repr(exc))
-            return False
-        if snap is None:
-            return False
-        _REWEIGHTED.inc()
-        entry.next_rebuild = started + max(self._rebuild_interval, 2 * (time.monotonic() - started))
-        self._snapshots[name] = snap
-        entry.built = entry.version
-        self._release(entry)
-        return True
 
     async def _rebuild(self, name: str, entry: _Entry) -> None:
         """Rebuild the endpoint's snapshot until it reflects every fold, one rebuild at a time."""
@@ -610,11 +558,7 @@ class PosteriorCache:
                 snap = self._reweighted(base, counts, entry.provisional)
                 if snap is None:
                     provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
-                    entry.drawing = True
-                    try:
-                        snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
-                    finally:
-                        entry.drawing = False
+                    snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
                     _DRAWN.inc()
                 else:
                     _REWEIGHTED.inc()
