@@ -440,23 +440,24 @@ async def test_a_replica_sends_its_folds_only_once_it_has_heard_of_a_peer_and_th
     assert said["settled"] == ["e-mine", "e-theirs"]
 
 
-async def test_the_outbox_is_bounded(monkeypatch):
-    monkeypatch.setattr(peer_folds, "MAX_OUTBOX", 3)
+def _peers_with_five_folds() -> PeerFolds:
+    """A replica that has heard of a peer and queued folds e0..e4."""
     peers = _peers(_cache())
     peers.heard_peer()
     fold = {"endpoint": "bot", "arm_id": "a", "segment": "", "reward": 1.0, "features": None, "published": 0.0}
     for i in range(5):
         peers.add(event_id=f"e{i}", **fold)
-    assert len(peers._outbox.folds) == 3
+    return peers
+
+
+async def test_the_outbox_is_bounded(monkeypatch):
+    monkeypatch.setattr(peer_folds, "MAX_OUTBOX", 3)
+    assert len(_peers_with_five_folds()._outbox.folds) == 3
 
 
 async def test_a_large_outbox_goes_in_several_messages(monkeypatch):
     monkeypatch.setattr(peer_folds, "MAX_BATCH", 2)
-    peers = _peers(_cache())
-    peers.heard_peer()
-    fold = {"endpoint": "bot", "arm_id": "a", "segment": "", "reward": 1.0, "features": None, "published": 0.0}
-    for i in range(5):
-        peers.add(event_id=f"e{i}", **fold)
+    peers = _peers_with_five_folds()
     nats = RecordingNats()
     await peers._send(nats)  # type: ignore[arg-type]
     sent = [ProvisionalFoldBatch.FromString(p) for _, p in nats.published]
