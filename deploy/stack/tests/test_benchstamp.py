@@ -178,7 +178,7 @@ def test_the_stamp_records_the_code_it_ran() -> None:
 
 def test_a_bench_readme_is_not_code_but_an_old_stamp_keeps_its_rule(repo: Path) -> None:
     stamp = {"inputs": _inputs(repo, "bench/b/run.py")}
-    assert stamp["inputs"]["rule"] == benchstamp.INPUTS_RULE == 2
+    assert stamp["inputs"]["rule"] == benchstamp.INPUTS_RULE == 3
     old = {"inputs": {**stamp["inputs"], "rule": 1}}  # as stamped before Markdown was left out
     old["inputs"]["digest"] = benchstamp._digest(benchstamp._blobs(root=repo), old["inputs"])
     head = _git(repo, "rev-parse", "HEAD")
@@ -187,3 +187,37 @@ def test_a_bench_readme_is_not_code_but_an_old_stamp_keeps_its_rule(repo: Path) 
     edited = _commit(repo, "the bench's README")
     assert benchstamp.same_code(stamp, edited, root=repo) is True  # prose changes no figure
     assert benchstamp.same_code(old, edited, root=repo) is False  # the first rule counted it
+
+
+def _add(repo: Path, *rels: str) -> str:
+    for rel in rels:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(f"# {rel}\n")
+    return _commit(repo, "tests and the stamping")
+
+
+def test_a_test_or_the_stamping_is_not_code_a_bench_ran(repo: Path) -> None:
+    test_file, helper = "services/opt/tests/test_engine.py", "services/opt/tests/helpers.py"
+    _add(repo, test_file, helper, "conftest.py", benchstamp.STAMPING)
+    stamp = {"inputs": _inputs(repo, "bench/b/run.py", helper, spawner=True)}  # the bench loaded one helper
+    for rel in (test_file, benchstamp.STAMPING):
+        (repo / rel).write_text("changed\n")
+        assert benchstamp.same_code(stamp, _commit(repo, rel), root=repo) is True, rel
+    (repo / helper).write_text("changed\n")  # but a test module the bench imported is its code
+    assert benchstamp.same_code(stamp, _commit(repo, "helper"), root=repo) is False
+
+
+def test_an_older_rule_stamp_is_judged_by_todays_rule_through_its_commit(repo: Path) -> None:
+    test_file = "services/opt/tests/test_engine.py"
+    ran_at = _add(repo, test_file)
+    inputs = {**_inputs(repo, "bench/b/run.py", spawner=True), "rule": 2}  # as stamped before rule 3
+    inputs["digest"] = benchstamp._digest(benchstamp._blobs(root=repo), inputs)
+    old = {"commit": ran_at, "dirty": False, "inputs": inputs}
+    (repo / test_file).write_text("a refactored test\n")
+    tests_only = _commit(repo, "a test")
+    assert benchstamp.same_code(old, tests_only, root=repo) is True
+    assert benchstamp.same_code({**old, "dirty": True}, tests_only, root=repo) is False  # its commit is not what ran
+    assert benchstamp.same_code({**old, "commit": tests_only}, tests_only, root=repo) is False  # digest disagrees
+    assert benchstamp.same_code({k: v for k, v in old.items() if k != "commit"}, tests_only, root=repo) is False
+    (repo / "services/opt/src/fw/opt/handlers.py").write_text("changed\n")
+    assert benchstamp.same_code(old, _commit(repo, "the service"), root=repo) is False

@@ -71,22 +71,35 @@ def _blobs(commit: str | None = None, root: Path = ROOT) -> dict[str, str]:
 THIRD_PARTY = (".venv", "bench/.cache")
 
 # Which files a digest covers. 1: the first rule. 2: the same without Markdown files, whose edits
-# (a bench's README) change no figure. A stamp keeps the rule it was made with.
-INPUTS_RULE = 2
+# (a bench's README) change no figure. 3: also without tests (files under a ``tests`` folder,
+# ``test_*.py``, ``conftest.py``) that the bench did not load, and without this stamping module,
+# which writes the figures but does not make them. A stamp keeps the rule it was made with;
+# ``same_code`` judges an older stamp by today's rule through the commit it names.
+INPUTS_RULE = 3
+
+STAMPING = "deploy/stack/src/flywheel/stack/benchstamp.py"
 
 
-def _selected(path: str, inputs: dict[str, Any]) -> bool:
-    if inputs.get("rule", 1) >= 2 and path.endswith(".md"):
+def _is_test(path: str) -> bool:
+    *folders, name = path.split("/")
+    return "tests" in folders or name.startswith("test_") or name == "conftest.py"
+
+
+def _selected(path: str, inputs: dict[str, Any], rule: int | None = None) -> bool:
+    rule = inputs.get("rule", 1) if rule is None else rule
+    if rule >= 2 and path.endswith(".md"):
         return False
-    return (
-        path in inputs["modules"]
-        or (path.rsplit("/", 1)[0] in inputs["module_dirs"] and path.endswith(".py"))
-        or any(path.startswith(f"{folder}/") for folder in inputs["folders"])
+    if path in inputs["modules"]:
+        return True
+    if rule >= 3 and (path == STAMPING or _is_test(path)):
+        return False
+    return (path.rsplit("/", 1)[0] in inputs["module_dirs"] and path.endswith(".py")) or any(
+        path.startswith(f"{folder}/") for folder in inputs["folders"]
     )
 
 
-def _digest(blobs: dict[str, str], inputs: dict[str, Any]) -> str:
-    lines = "".join(f"{p} {b}\n" for p, b in sorted(blobs.items()) if _selected(p, inputs))
+def _digest(blobs: dict[str, str], inputs: dict[str, Any], rule: int | None = None) -> str:
+    lines = "".join(f"{p} {b}\n" for p, b in sorted(blobs.items()) if _selected(p, inputs, rule))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -135,14 +148,27 @@ def code_inputs(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dic
 def same_code(stamp: dict[str, Any], commit: str, root: Path = ROOT) -> bool | None:
     """Whether the code a result's ``stamp`` recorded (``code_inputs``) is identical at
     ``commit``: the figures then stand for that commit too. None when the stamp has no
-    inputs (written before they were recorded)."""
+    inputs (written before they were recorded). A stamp of an older ``INPUTS_RULE`` that
+    names the clean commit it ran at is also judged by today's rule: that commit's files
+    (checked against the stamp's digest) against ``commit``'s, so that a change today's rule
+    leaves out (a test, the stamping) does not make its figures stale."""
     inputs = stamp.get("inputs")
     if not isinstance(inputs, dict) or not inputs.get("digest"):
         return None
     if inputs.get("untracked"):
         return False
     blobs = _blobs(commit, root)
-    return bool(blobs) and _digest(blobs, inputs) == inputs["digest"]
+    if not blobs:
+        return False
+    if _digest(blobs, inputs) == inputs["digest"]:
+        return True
+    ran_at = stamp.get("commit")
+    if inputs.get("rule", 1) >= INPUTS_RULE or not isinstance(ran_at, str) or not ran_at or stamp.get("dirty"):
+        return False
+    ran = _blobs(ran_at, root)
+    if not ran or _digest(ran, inputs) != inputs["digest"]:
+        return False  # a commit this clone lacks, or not the code that ran
+    return _digest(ran, inputs, INPUTS_RULE) == _digest(blobs, inputs, INPUTS_RULE)
 
 
 def machine(packages: tuple[str, ...] = ()) -> dict[str, Any]:
