@@ -34,6 +34,12 @@ every replica. Results are stamped
 with `flywheel.stack.benchstamp` (commit, date, machine, command).
 
     python bench/service-regret/lag_replay.py --lags 10 --seeds 100 --measured bench/results/service-regret-lag.json
+
+``--floors`` adds, for each measured mode with provisional folds, two lower bounds (``floors``):
+``+delivered`` (every reward folded the moment the deciding replica received it: rebuilds for
+free) and ``+instant`` (every reward in every posterior the moment it is published: only the
+product's own concurrency, ``pre_publish``, is left), so that what a faster service could still
+gain is priced beside what it cannot.
 """
 
 from __future__ import annotations
@@ -96,6 +102,8 @@ def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
         if (r["stages"].get("pre_publish") or {}).get("count"):
             names.append("pre_publish")  # lag.py files from before it was measured lack it
         found: dict[str, Any] = {"replicas": replicas, "stages": {k: r["stages"][k] for k in names}}
+        if (r["stages"].get("delivered") or {}).get("count"):
+            found["delivered"] = r["stages"]["delivered"]  # not a lag of its own: what ``floors`` uses
         for stage in ("provisional", "prov_segment", "prov_peer", "prov_peer_segment"):
             provisional = r["stages"].get(stage) or {}
             if provisional.get("count"):
@@ -103,6 +111,35 @@ def measured_lags(path: Path) -> dict[str, dict[str, Any]]:
                 # The share of the events folded provisionally (each event's publish is one sdk count).
                 found[f"{stage}_share"] = min(1.0, provisional["count"] / max(1.0, r["stages"]["sdk"]["count"]))
         out[name] = found
+    return out
+
+
+EARLY_STAGES = ("provisional", "prov_segment", "prov_peer", "prov_peer_segment")
+
+
+def floors(measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Two lower bounds per measured mode that folds provisionally, to price what is left:
+    ``<mode>+delivered``, every replica folds each reward (its segment's too) the moment the
+    deciding replica received it (the mode's measured ``delivered`` stage: the SDK's publish,
+    NATS and the event loop running the callback), as if rebuilds cost nothing; and
+    ``<mode>+instant``, every replica has each reward the moment it is published, so only the
+    decisions sampled before the publish (``pre_publish``: the product's own concurrent
+    Selects) remain. Every event is folded early in both."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, mode in measured.items():
+        stages = mode["stages"]
+        if "provisional" not in stages:
+            continue
+        zero = {**stages["provisional"], "p50_decisions": 0.0, "p90_decisions": 0.0, "p99_decisions": 0.0}
+        for floor, stage in (("delivered", mode.get("delivered")), ("instant", zero)):
+            if stage is None:
+                continue
+            early = [s for s in EARLY_STAGES if mode["replicas"] > 1 or not s.startswith("prov_peer")]
+            out[f"{name}+{floor}"] = {
+                "replicas": mode["replicas"],
+                "stages": {**stages, **{s: stage for s in early}},
+                **{f"{s}_share": 1.0 for s in early},
+            }
     return out
 
 
@@ -273,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a lag.py --world segmented results file: its modes' prov_segment stage prices the segmented worlds",
     )
+    ap.add_argument(
+        "--floors",
+        action="store_true",
+        help="with --measured: also replay each mode's two lower bounds (`floors`: +delivered, +instant)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "service-regret-lag-replay.json")
     args = ap.parse_args(argv)
     measured = None
@@ -284,11 +326,15 @@ def main(argv: list[str] | None = None) -> int:
                     if name in measured and "prov_segment" in mode["stages"]:
                         measured[name]["stages"]["prov_segment"] = mode["stages"]["prov_segment"]
                         measured[name]["prov_segment_share"] = mode["prov_segment_share"]
+            if args.floors:
+                measured.update(floors(measured))
             for mode in measured.values():
                 for stage in mode["stages"].values():
                     quantile_sampler(stage)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             ap.error(f"--measured {args.measured}: not a lag.py results file ({type(exc).__name__}: {exc})")
+    if args.floors and measured is None:
+        ap.error("--floors needs --measured")
     lags = sorted({0, *args.lags})
     params = {
         "lags": lags,

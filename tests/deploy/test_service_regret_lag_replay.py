@@ -218,3 +218,29 @@ def test_a_file_that_is_not_lag_output_is_refused(replay, tmp_path, capsys) -> N
     with pytest.raises(SystemExit) as exit_:
         replay.main(["--measured", str(bad), "--out", str(tmp_path / "o.json")])
     assert exit_.value.code == 2 and "not a lag.py results file" in capsys.readouterr().err
+
+
+def _stage(p50: float, p90: float, p99: float, count: int = 100) -> dict[str, float]:
+    return {"count": count, "p50_decisions": p50, "p90_decisions": p90, "p99_decisions": p99}
+
+
+def test_the_floors_fold_every_reward_at_delivery_or_at_publish(replay) -> None:
+    one = {
+        "replicas": 1,
+        "stages": {"sdk": _stage(1, 2, 3), "total": _stage(50, 90, 99), "provisional": _stage(12, 33, 67)},
+        "delivered": _stage(4, 10, 25),
+        "provisional_share": 0.9,
+    }
+    committed_only = {"replicas": 2, "stages": {"sdk": _stage(1, 2, 3), "total": _stage(50, 90, 99)}}
+    found = replay.floors({"1rep": one, "2rep": committed_only})
+    assert sorted(found) == ["1rep+delivered", "1rep+instant"]  # no provisional folds: no floor
+    delivered, instant = found["1rep+delivered"]["stages"], found["1rep+instant"]["stages"]
+    assert delivered["provisional"] == delivered["prov_segment"] == one["delivered"]
+    assert "prov_peer" not in delivered  # one replica has no peer
+    assert instant["provisional"]["p99_decisions"] == 0.0 and instant["total"] == one["stages"]["total"]
+    assert found["1rep+instant"]["provisional_share"] == 1.0
+    # Played: the instant floor's every reward has no extra lag; the delivered one's is the delivery.
+    rng = np.random.default_rng(0)
+    assert (replay.measured_extras(found["1rep+instant"], 2000, rng) == 0).all()
+    extra = replay.measured_extras(found["1rep+delivered"], 2000, rng)
+    assert extra.max() <= 25 and 3 <= np.median(extra) <= 5
