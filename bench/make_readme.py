@@ -115,6 +115,17 @@ FIGURES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("mean ratio, the lag measured unpaced (lag.py)", ("mean_ratio_by_lag", "1rep-unpaced")),
         ("mean ratio, the lag measured with two replicas, paced", ("mean_ratio_by_lag", "2rep-paced")),
         ("mean ratio, the lag measured with two replicas, unpaced", ("mean_ratio_by_lag", "2rep-unpaced")),
+        # The floors (lag_replay --floors): every reward folded at delivery, or at publish.
+        *(
+            (f"mean ratio, {what}, {says} (`+{floor}`)", ("mean_ratio_by_lag", f"{mode}+{floor}"))
+            for mode, what in (
+                ("1rep-paced", "one replica paced"),
+                ("1rep-unpaced", "one replica unpaced"),
+                ("2rep-paced", "two replicas paced"),
+                ("2rep-unpaced", "two replicas unpaced"),
+            )
+            for floor, says in (("delivered", "rebuilds free"), ("instant", "only the product's concurrency"))
+        ),
     ],
     "rlp": [
         ("mean evaluations to target, search alone", ("search", "mean_evaluations_to_target")),
