@@ -307,6 +307,20 @@ def provenance(name: str, commit: str, rec: dict[str, Any] | None = None) -> str
     return f"another commit: `{found[:7]}`"
 
 
+def shown_mode(name: str, rec: dict[str, Any]) -> str:
+    """The mode ``run_all.py`` ran a bench in, and the JSON's own when that differs: a bench
+    rerun on its own after the wave (its stamp's command says whether it ran ``--quick``)."""
+    mode = str(rec.get("mode", "?"))
+    path = RESULTS / f"{name}.json"
+    if mode not in ("quick", "full") or not path.exists():
+        return mode
+    command = str((_load(path).get("stamp") or {}).get("command") or "")
+    if not command:
+        return mode
+    ran = "quick" if "--quick" in command.split() else "full"
+    return mode if ran == mode else f"{mode}; its JSON: a {ran} run"
+
+
 def _minutes(seconds: Any) -> str:
     return f"{seconds / 60:.1f} min" if isinstance(seconds, (int, float)) else ""
 
@@ -358,7 +372,7 @@ def run_section() -> str:
         rc = "" if rec.get("rc") is None else str(rec["rc"])
         wall = _minutes(rec.get("wall_s"))
         lines.append(
-            f"| {name} | {rec.get('mode', '?')} | {status} | {rc} | {wall} | {provenance(name, commit, rec)} |"
+            f"| {name} | {shown_mode(name, rec)} | {status} | {rc} | {wall} | {provenance(name, commit, rec)} |"
         )
     return "\n".join(lines)
 

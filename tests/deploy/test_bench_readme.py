@@ -158,3 +158,15 @@ def test_a_missing_or_broken_run_json_is_a_clear_line(tmp_path: Path, monkeypatc
 
 def test_the_template_has_the_run_marker() -> None:
     assert "\n<!-- run -->\n" in (ROOT / "bench" / "README.template.md").read_text()
+
+
+def test_a_json_rerun_in_another_mode_after_its_wave_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mr = _module()
+    monkeypatch.setattr(mr, "RESULTS", tmp_path)
+    for name, command in (("a", "python bench/a/run.py --out x.json"), ("b", "python bench/b/run.py --quick")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"stamp": {"command": command}}))
+    assert mr.shown_mode("a", {"mode": "quick"}) == "quick; its JSON: a full run"
+    assert mr.shown_mode("b", {"mode": "quick"}) == "quick"
+    assert mr.shown_mode("b", {"mode": "full"}) == "full; its JSON: a quick run"
+    assert mr.shown_mode("a", {"mode": "smoke"}) == "smoke"  # a named mode: no guess
+    assert mr.shown_mode("missing", {"mode": "full"}) == "full"
