@@ -163,6 +163,7 @@ def test_the_template_has_the_run_marker() -> None:
 def test_a_json_rerun_in_another_mode_after_its_wave_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mr = _module()
     monkeypatch.setattr(mr, "RESULTS", tmp_path)
+    monkeypatch.setattr(mr, "BENCH", tmp_path.parent)
     for name, command in (("a", "python bench/a/run.py --out x.json"), ("b", "python bench/b/run.py --quick")):
         (tmp_path / f"{name}.json").write_text(json.dumps({"stamp": {"command": command}}))
     assert mr.shown_mode("a", {"mode": "quick"}) == "quick; its JSON: a full run"
