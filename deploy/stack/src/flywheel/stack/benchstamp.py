@@ -77,7 +77,7 @@ THIRD_PARTY = (".venv", "bench/.cache")
 # ``same_code`` judges an older stamp by today's rule through the commit it names.
 INPUTS_RULE = 3
 
-STAMPING = "deploy/stack/src/flywheel/stack/benchstamp.py"
+STAMPING = Path(__file__).resolve().relative_to(ROOT).as_posix()  # this module, as git names it
 
 
 def _is_test(path: str) -> bool:
