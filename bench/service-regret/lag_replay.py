@@ -131,10 +131,10 @@ def floors(measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if "provisional" not in stages:
             continue
         zero = {**stages["provisional"], "p50_decisions": 0.0, "p90_decisions": 0.0, "p99_decisions": 0.0}
-        early = [s for s in EARLY_STAGES if mode["replicas"] > 1 or not s.startswith("prov_peer")]
         for floor, stage in (("delivered", mode.get("delivered")), ("instant", zero)):
             if stage is None:
                 continue
+            early = [s for s in EARLY_STAGES if mode["replicas"] > 1 or not s.startswith("prov_peer")]
             out[f"{name}+{floor}"] = {
                 "replicas": mode["replicas"],
                 "stages": {**stages, **{s: stage for s in early}},
