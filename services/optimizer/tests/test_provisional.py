@@ -208,6 +208,69 @@ async def test_the_folder_folds_only_this_replicas_decisions_with_the_endpoints_
     assert (await cache.caught_up("bot")).pulls.tolist() == [0, 1]
 
 
+async def _drawn_once(cache: PosteriorCache) -> None:
+    """A first fold after the read draws the posterior again (a read keeps no draws to reweight)."""
+    assert cache.provisional("bot", "first", "b", _inc(1.0))
+    await cache.caught_up("bot")
+    assert cache.cached("bot").draw_set is not None
+
+
+def _my_decisions(recent: RecentDecisions, n: int) -> list[str]:
+    ids = [new_decision_id() for _ in range(n)]
+    made = [SimpleNamespace(decision_id=d, endpoint="bot", arm_id="a", features=None, segment="") for d in ids]
+    recent.add_many(made)
+    return ids
+
+
+async def test_a_burst_of_feedback_is_rebuilt_once_in_the_callback_of_its_last_message():
+    cache = _cache()
+    recent = RecentDecisions(100)
+    ids = _my_decisions(recent, 3)
+    folder = ProvisionalFolder(cache, recent, window=timedelta(hours=1))
+    await _drawn_once(cache)
+    before = cache.cached("bot")
+    assert folder.fold(_event(ids[0], "e0", reward=1.0), None, burst_end=False) == "folded"
+    assert folder.fold(_event(ids[1], "e1", reward=1.0), None, burst_end=False) == "folded"
+    # Mid-burst: not rebuilt yet, and no rebuild task waits for the loop's next pass.
+    assert cache.cached("bot") is before and cache._entries["bot"].rebuilding is None
+    assert folder.fold(_event(ids[2], "e2", reward=0.0), None) == "folded"  # the burst's last
+    # Rebuilt within that call, without an await: the next Select samples from all three.
+    assert cache.cached("bot").pulls.tolist() == [3, 1]
+    assert cache._entries["bot"].rebuilding is None
+    # A burst's last message that folds nothing still rebuilds what the burst folded.
+    assert folder.fold(_event(new_decision_id(), "e3", reward=1.0), None, burst_end=False) == "elsewhere"
+    more = _my_decisions(recent, 1)
+    assert folder.fold(_event(more[0], "e4", reward=1.0), None, burst_end=False) == "folded"
+    assert folder.fold(_event(new_decision_id(), "e5", reward=1.0), None) == "elsewhere"
+    assert cache.cached("bot").pulls.tolist() == [4, 1]
+
+
+async def test_a_burst_that_never_ends_is_rebuilt_from_after_a_bound(monkeypatch):
+    from flywheel.optimizer import provisional
+
+    monkeypatch.setattr(provisional, "MAX_BURST_S", 0.0)  # a subscription queue that never empties
+    cache = _cache()
+    recent = RecentDecisions(100)
+    ids = _my_decisions(recent, 2)
+    folder = ProvisionalFolder(cache, recent, window=timedelta(hours=1))
+    await _drawn_once(cache)
+    assert folder.fold(_event(ids[0], "e0", reward=1.0), None, burst_end=False) == "folded"
+    await asyncio.sleep(0.001)
+    assert folder.fold(_event(ids[1], "e1", reward=1.0), None, burst_end=False) == "folded"
+    assert cache.cached("bot").pulls.tolist() == [2, 1]
+
+
+async def test_without_inline_rebuilds_the_rebuild_task_serves_the_fold():
+    cache = _cache()
+    recent = RecentDecisions(100)
+    ids = _my_decisions(recent, 1)
+    folder = ProvisionalFolder(cache, recent, window=timedelta(hours=1), rebuild_inline=False)
+    before = cache.cached("bot")
+    assert folder.fold(_event(ids[0], "e0", reward=1.0), None) == "folded"
+    assert cache.cached("bot") is before and cache._entries["bot"].rebuilding is not None
+    assert (await cache.caught_up("bot")).pulls.tolist() == [1, 0]
+
+
 async def test_the_folder_leaves_decisions_past_the_feedback_window_to_the_transaction():
     cache = _cache()
     recent = RecentDecisions(100)
