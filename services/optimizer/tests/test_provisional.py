@@ -213,6 +213,7 @@ async def _drawn_once(cache: PosteriorCache) -> None:
     assert cache.provisional("bot", "first", "b", _inc(1.0))
     await cache.caught_up("bot")
     assert cache.cached("bot").draw_set is not None
+    cache._entries["bot"].next_rebuild = 0.0  # as if the rebuild interval after it had passed
 
 
 def _my_decisions(recent: RecentDecisions, n: int) -> list[str]:
@@ -237,12 +238,20 @@ async def test_a_burst_of_feedback_is_rebuilt_once_in_the_callback_of_its_last_m
     # Rebuilt within that call, without an await: the next Select samples from all three.
     assert cache.cached("bot").pulls.tolist() == [3, 1]
     assert cache._entries["bot"].rebuilding is None
+    # Within the rebuild interval of that rebuild, the next burst waits for the rebuild task.
+    cache._entries["bot"].next_rebuild = time.monotonic() + 60
+    again = _my_decisions(recent, 1)
+    assert folder.fold(_event(again[0], "e6", reward=1.0), None) == "folded"
+    assert cache.cached("bot").pulls.tolist() == [3, 1] and cache._entries["bot"].rebuilding is not None
+    cache._entries["bot"].rebuilding.cancel()
+    cache._entries["bot"].rebuilding = None
     # A burst's last message that folds nothing still rebuilds what the burst folded.
+    cache._entries["bot"].next_rebuild = 0.0  # the rebuild interval has passed
     assert folder.fold(_event(new_decision_id(), "e3", reward=1.0), None, burst_end=False) == "elsewhere"
     more = _my_decisions(recent, 1)
     assert folder.fold(_event(more[0], "e4", reward=1.0), None, burst_end=False) == "folded"
     assert folder.fold(_event(new_decision_id(), "e5", reward=1.0), None) == "elsewhere"
-    assert cache.cached("bot").pulls.tolist() == [4, 1]
+    assert cache.cached("bot").pulls.tolist() == [5, 1]
 
 
 async def test_a_burst_that_never_ends_is_rebuilt_from_after_a_bound(monkeypatch):
@@ -251,13 +260,12 @@ async def test_a_burst_that_never_ends_is_rebuilt_from_after_a_bound(monkeypatch
     monkeypatch.setattr(provisional, "MAX_BURST_S", 0.0)  # a subscription queue that never empties
     cache = _cache()
     recent = RecentDecisions(100)
-    ids = _my_decisions(recent, 2)
+    ids = _my_decisions(recent, 1)
     folder = ProvisionalFolder(cache, recent, window=timedelta(hours=1))
     await _drawn_once(cache)
-    assert folder.fold(_event(ids[0], "e0", reward=1.0), None, burst_end=False) == "folded"
     await asyncio.sleep(0.001)
-    assert folder.fold(_event(ids[1], "e1", reward=1.0), None, burst_end=False) == "folded"
-    assert cache.cached("bot").pulls.tolist() == [2, 1]
+    assert folder.fold(_event(ids[0], "e0", reward=1.0), None, burst_end=False) == "folded"
+    assert cache.cached("bot").pulls.tolist() == [1, 1]
 
 
 async def test_without_inline_rebuilds_the_rebuild_task_serves_the_fold():

@@ -466,12 +466,14 @@ class PosteriorCache:
         """Rebuild the endpoint's snapshot from its folds here and now, on the event loop, by
         reweighting: a caller that has folded a burst of feedback saves the rebuild task's wait
         for the loop's next pass (under load, for the GIL once more). Where reweighting does not
-        serve (new draws needed, or being drawn), the rebuild task does it as usual."""
+        serve (new draws needed, or being drawn), or the last rebuild started less than the
+        rebuild interval ago, the rebuild task does it as usual."""
         entry = self._entries.get(name)
         if entry is None or entry.built >= entry.version:
             return
-        if not entry.drawing:
-            version, base, started = entry.version, self._snapshots[name], time.monotonic()
+        started = time.monotonic()
+        if not entry.drawing and started >= entry.next_rebuild:
+            version, base = entry.version, self._snapshots[name]
             snap = self._reweighted(base, entry.counts, entry.provisional)
             if snap is not None:
                 _REWEIGHTED.inc()
