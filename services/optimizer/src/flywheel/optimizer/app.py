@@ -175,7 +175,6 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
             subject=bus.catalogue.peer_fold(replica),
             peers_subject=bus.catalogue.peer_fold("KEY").rsplit(".", 1)[0] + ".*",
             segments=segments,
-            rebuild_inline=settings.posterior_rebuild_inline,
         )
 
         async def peer_folds() -> None:
@@ -183,14 +182,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
 
         parts.background.append(peer_folds)
     if recent is not None:
-        folder = ProvisionalFolder(
-            cache,
-            recent,
-            window=window,
-            segments=segments,
-            peers=peers,
-            rebuild_inline=settings.posterior_rebuild_inline,
-        )
+        folder = ProvisionalFolder(cache, recent, window=window, segments=segments, peers=peers)
         feedback = bus.catalogue.consumer("optimizer-feedback").filter_subject
 
         async def provisional_folds() -> None:

@@ -125,7 +125,6 @@ class _Entry:
     built: int = 0  # the version the installed snapshot reflects
     next_rebuild: float = 0.0  # monotonic time before which no rebuild starts
     rebuilding: asyncio.Task[None] | None = None
-    drawing: bool = False  # the rebuild task is drawing again in a worker thread
     waiters: list[tuple[int, asyncio.Future[bool]]] = field(default_factory=list)
     # Folds not in the installed snapshot yet: (version, since when (time.time()), source)
     timed: list[tuple[int, float, str]] = field(default_factory=list)
@@ -438,15 +437,13 @@ class PosteriorCache:
         *,
         since: float = 0.0,
         source: str = "provisional",
-        rebuild: bool = True,
     ) -> bool:
         """Fold one feedback event into the endpoint's snapshot before any transaction has
         applied it (its reward, on the arm its decision chose: here, or at the peer that told
         us, ``peer_folds.py``). It stays on top of the committed counts until ``settle`` names
         its event id or ``PROVISIONAL_TTL_S`` passes; the same event id is folded once.
         ``since`` (epoch seconds: the event's publish time) times it in ``FOLD_LAG{source}``.
-        ``rebuild=False`` leaves the rebuild to the caller's ``rebuild_now``, once it has folded a
-        whole burst. False when it was not folded."""
+        False when it was not folded."""
         if event_id in self._provisional:
             return False
         if event_id in self._settled:
@@ -459,29 +456,8 @@ class PosteriorCache:
         entry.provisional[event_id] = (arm_id, inc)
         self._provisional[event_id] = (name, time.monotonic())
         _FOLDED.inc()
-        self._changed(name, entry, since, source, schedule=rebuild)
+        self._changed(name, entry, since, source)
         return True
-
-    def rebuild_now(self, name: str) -> None:
-        """Rebuild the endpoint's snapshot from its folds here and now, on the event loop, by
-        reweighting: a caller that has folded a burst of feedback saves the rebuild task's wait
-        for the loop's next pass (under load, for the GIL once more). Where reweighting does not
-        serve (new draws needed, or being drawn), or the last rebuild started less than the
-        rebuild interval ago, the rebuild task does it as usual."""
-        entry = self._entries.get(name)
-        if entry is None or entry.built >= entry.version:
-            return
-        started = time.monotonic()
-        if not entry.drawing and started >= entry.next_rebuild:
-            version, base = entry.version, self._snapshots[name]
-            snap = self._reweighted(base, entry.counts, entry.provisional)
-            if snap is not None:
-                _REWEIGHTED.inc()
-                entry.next_rebuild = started + max(self._rebuild_interval, 2 * (time.monotonic() - started))
-                self._built_version(name, entry, version, snap)
-                return
-        if entry.rebuilding is None:
-            entry.rebuilding = asyncio.get_running_loop().create_task(self._rebuild(name, entry))
 
     def settle(self, event_ids: Iterable[str]) -> None:
         """These events' transaction committed (their increments are folded, or they were
@@ -561,15 +537,12 @@ class PosteriorCache:
         FOLDS.labels(source).inc()
         self._changed(name, entry, since, source)
 
-    def _changed(
-        self, name: str, entry: _Entry, since: float = 0.0, source: str = "", *, schedule: bool = True
-    ) -> None:
-        """What Select should sample from changed: rebuild (timing it from ``since``), unless the
-        caller will (``schedule=False``: it calls ``rebuild_now``)."""
+    def _changed(self, name: str, entry: _Entry, since: float = 0.0, source: str = "") -> None:
+        """What Select should sample from changed: rebuild (timing it from ``since``)."""
         entry.version += 1
         if since > 0 and len(entry.timed) < MAX_TIMED_FOLDS:
             entry.timed.append((entry.version, since, source))
-        if schedule and entry.rebuilding is None:
+        if entry.rebuilding is None:
             entry.rebuilding = asyncio.get_running_loop().create_task(self._rebuild(name, entry))
 
     async def _rebuild(self, name: str, entry: _Entry) -> None:
@@ -585,29 +558,21 @@ class PosteriorCache:
                 snap = self._reweighted(base, counts, entry.provisional)
                 if snap is None:
                     provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
-                    entry.drawing = True
-                    try:
-                        snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
-                    finally:
-                        entry.drawing = False
+                    snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
                     _DRAWN.inc()
                 else:
                     _REWEIGHTED.inc()
                 took = time.monotonic() - started
                 entry.next_rebuild = started + max(self._rebuild_interval, 2 * took)
-                self._built_version(name, entry, version, snap)
+                if self._entries.get(name) is entry and version > entry.built:
+                    self._snapshots[name] = snap
+                    entry.built = version
+                    self._release(entry)
         except Exception as exc:  # noqa: BLE001 - the next refresh rebuilds it; waiters read instead
             log.warning("posterior rebuild failed", endpoint=name, error=repr(exc))
             self._release(entry, ok=False)
         finally:
             entry.rebuilding = None
-
-    def _built_version(self, name: str, entry: _Entry, version: int, snap: EndpointSnapshot) -> None:
-        """Install a rebuild of ``version``, unless a read or a newer rebuild came first."""
-        if self._entries.get(name) is entry and version > entry.built:
-            self._snapshots[name] = snap
-            entry.built = version
-            self._release(entry)
 
     @staticmethod
     def _reweighted(

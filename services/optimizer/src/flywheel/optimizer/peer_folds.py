@@ -74,11 +74,9 @@ class PeerFolds:
         subject: str,
         peers_subject: str,
         segments: SegmentCache | None = None,
-        rebuild_inline: bool = True,
     ) -> None:
         self._cache = cache
         self._segments = segments
-        self._inline = rebuild_inline  # rebuild once per batch received (``rebuild_now``)
         self._replica = replica
         self._subject = subject  # this replica's: <ns>.optimizer.fold.<replica>
         self._peers_subject = peers_subject  # everyone's: <ns>.optimizer.fold.*
@@ -178,15 +176,8 @@ class PeerFolds:
         except DecodeError:
             counts["invalid"] += 1
         else:
-            folded: set[str] = set()
             for fold in batch.folds:
-                outcome = self._fold_one(fold)
-                counts[outcome] += 1
-                if outcome == "folded":
-                    folded.add(fold.endpoint)
-            if self._inline:
-                for endpoint in folded:
-                    self._cache.rebuild_now(endpoint)
+                counts[self._fold_one(fold)] += 1
         for outcome, n in counts.items():
             if n:
                 _OUTCOMES[outcome].inc(n)
@@ -207,13 +198,7 @@ class PeerFolds:
         inc.add(fold.reward, features)
         since = fold.published.seconds + fold.published.nanos / 1e9
         if not self._cache.provisional(
-            fold.endpoint,
-            fold.event_id,
-            fold.arm_id,
-            inc,
-            since=since,
-            source="provisional_peer",
-            rebuild=not self._inline,
+            fold.endpoint, fold.event_id, fold.arm_id, inc, since=since, source="provisional_peer"
         ):
             return "not_folded"
         if fold.segment and self._segments is not None:

@@ -67,9 +67,6 @@ _SEEN = {o: SEEN.labels(o) for o in ("folded", "elsewhere", "invalid", "not_fold
 # at their commit), so a replica that falls behind never holds more than this.
 PENDING_MESSAGES = 20_000
 PENDING_BYTES = 32 * 1024 * 1024
-# A burst that goes on this long (the subscription's queue never empties: a replica behind) is
-# rebuilt from anyway, so that no fold waits longer for its rebuild.
-MAX_BURST_S = 0.005
 
 
 class RecentDecisions:
@@ -115,15 +112,8 @@ class ProvisionalFolder:
         window: timedelta,
         segments: SegmentCache | None = None,
         peers: PeerFolds | None = None,
-        rebuild_inline: bool = True,
     ) -> None:
         self._cache = cache
-        # Rebuild once a burst is folded, in the callback of its last message (``rebuild_now``),
-        # rather than in a rebuild task per fold; the endpoints folded since the last rebuild.
-        self._inline = rebuild_inline
-        self._unbuilt: set[str] = set()
-        self._unbuilt_since = 0.0  # monotonic: the first of those folds
-        self._sub: Any = None
         self._segments = segments
         self._peers = peers  # told of every fold made here (``peer_folds.py``)
         self._recent = recent
@@ -133,7 +123,7 @@ class ProvisionalFolder:
         """Fold until cancelled (a background task of the service); the NATS client
         resubscribes after a reconnect by itself."""
         self._cache.track_provisional(self._recent)
-        sub = self._sub = await nc.subscribe(
+        sub = await nc.subscribe(
             subject, cb=self._received, pending_msgs_limit=PENDING_MESSAGES, pending_bytes_limit=PENDING_BYTES
         )
         try:
@@ -143,20 +133,10 @@ class ProvisionalFolder:
                 await sub.unsubscribe()
 
     async def _received(self, msg: Msg) -> None:
-        # The last message read so far ends a burst: its callback rebuilds what the burst folded.
-        _SEEN[self.fold(msg.data, msg.headers, burst_end=self._sub is None or self._sub.pending_msgs == 0)].inc()
+        _SEEN[self.fold(msg.data, msg.headers)].inc()
 
-    def fold(self, payload: bytes, headers: dict[str, str] | None, *, burst_end: bool = True) -> str:
-        """Fold one published feedback message if its decision is this replica's; what became of
-        it. With ``rebuild_inline``, the snapshots folded into are rebuilt at ``burst_end``."""
-        outcome = self._fold(payload, headers)
-        if self._unbuilt and (burst_end or time.monotonic() - self._unbuilt_since > MAX_BURST_S):
-            for endpoint in self._unbuilt:
-                self._cache.rebuild_now(endpoint)
-            self._unbuilt.clear()
-        return outcome
-
-    def _fold(self, payload: bytes, headers: dict[str, str] | None) -> str:
+    def fold(self, payload: bytes, headers: dict[str, str] | None) -> str:
+        """Fold one published feedback message if its decision is this replica's; what became of it."""
         try:
             event = decode(payload, headers, FeedbackEvent)
             item = feedback_item(event)
@@ -186,12 +166,8 @@ class ProvisionalFolder:
         sent = event.meta.time.seconds + event.meta.time.nanos / 1e9
         if sent > 0:
             DELIVERY.observe(max(0.0, time.time() - sent))
-        if not self._cache.provisional(endpoint, item.event_id, arm_id, inc, since=sent, rebuild=not self._inline):
+        if not self._cache.provisional(endpoint, item.event_id, arm_id, inc, since=sent):
             return "not_folded"
-        if self._inline:
-            if not self._unbuilt:
-                self._unbuilt_since = time.monotonic()
-            self._unbuilt.add(endpoint)
         if segment and self._segments is not None:
             self._segments.provisional(endpoint, segment, item.event_id, arm_id, inc, since=sent)
         if self._peers is not None:

@@ -43,11 +43,6 @@ class OptimizerSettings(ServiceSettings):
     # reward reaches every replica before its commit (README "Posterior freshness"; needs
     # posterior_provisional_fold and posterior_notify, whose NOTIFY settles them).
     posterior_peer_fold: bool = True
-    # Rebuild a snapshot from those provisional folds (this replica's and its peers') where they
-    # are folded: once per burst of feedback messages (or batch of a peer's folds), by reweighting
-    # on the event loop. Off, a rebuild task does it on the loop's next pass, which under load first
-    # waits for the GIL again (bench/service-regret/README.md "Feedback lag by stage").
-    posterior_rebuild_inline: bool = True
     # How many of its latest decisions a replica remembers for that (about 150 bytes each).
     provisional_recent_decisions: int = Field(50_000, ge=1, le=10_000_000)
     # The feedback consumer fetches on while a batch is applied, so what arrives meanwhile is in
