@@ -7,6 +7,7 @@ tests/integration/test_provisional_folds.py runs the same over real NATS and Pos
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -464,3 +465,65 @@ async def test_a_large_outbox_goes_in_several_messages(monkeypatch):
     assert [len(m.folds) for m in sent] == [2, 2, 1]
     assert [f.event_id for m in sent for f in m.folds] == [f"e{i}" for i in range(5)]
     assert len({m.meta.event_id for m in sent}) == 3
+
+
+async def _fold_until(cache: PosteriorCache, below: float, *, limit: int = 400) -> int:
+    """Fold rewards on arm a one at a time until the served draws' effective sample share is
+    below ``below``; how many were folded."""
+    for n in range(1, limit + 1):
+        assert cache.provisional("bot", f"e{n}", "a", _inc(1.0))
+        await cache.caught_up("bot")
+        if cache.cached("bot").draw_ess < below:
+            return n
+    raise AssertionError(f"the draws kept an effective sample share of {below} or more over {limit} folds")
+
+
+def _seasoned_cache(**kwargs) -> PosteriorCache:
+    """Both arms at 50 pulls, half of them rewarded: one fold moves the posterior a little."""
+    inp = _inputs()
+    for arm in inp.arms:
+        arm.pulls, arm.reward_sum = 50, 25.0
+    inp.agg = Stats(np.array([50.0, 50.0]), np.array([25.0, 25.0]), np.array([25.0, 25.0]))
+    cache = PosteriorCache(sessions=None, rebuild_interval_s=0.0, **kwargs)  # type: ignore[arg-type]
+    cache._install(inp, PgSnapshot.parse("10:10:"), 0.0)
+    return cache
+
+
+async def test_draws_are_renewed_ahead_in_the_background_with_every_fold_made_meanwhile(monkeypatch):
+    cache = _seasoned_cache()
+    assert cache.provisional("bot", "first", "b", _inc(0.0))
+    await cache.caught_up("bot")
+    first = cache.cached("bot").draw_set
+    assert first is not None and cache.cached("bot").draw_ess == 1.0
+    # The next draws wait until the test lets them go: folds meanwhile must not wait for them.
+    go, drawing = threading.Event(), cache._rebuilt
+
+    def held(*args):
+        assert go.wait(10)
+        return drawing(*args)
+
+    monkeypatch.setattr(cache, "_rebuilt", held)
+    n = await _fold_until(cache, 0.75)
+    entry = cache._entries["bot"]
+    redraw = entry.redrawing
+    assert redraw is not None and cache.cached("bot").draw_set is first
+    # A fold while the new draws are made is served at once, from the old ones.
+    assert cache.provisional("bot", "during", "a", _inc(1.0))
+    await asyncio.wait_for(cache.caught_up("bot"), 5)
+    assert cache.cached("bot").pulls.tolist() == [51 + n, 51] and cache.cached("bot").draw_set is first
+    go.set()
+    await redraw
+    renewed = cache.cached("bot")
+    assert renewed.draw_set is not first and entry.redrawing is None
+    assert renewed.pulls.tolist() == [51 + n, 51] and renewed.draw_ess > 0.9  # nothing lost, fresh weights
+    # a: 26 + n rewards of 51 + n, b: 25 of 51.
+    assert renewed.probabilities[0] > renewed.probabilities[1]
+
+
+async def test_without_the_redraw_ahead_the_draws_are_kept_until_they_no_longer_serve():
+    cache = _seasoned_cache(redraw_ahead_ess=0.0)
+    assert cache.provisional("bot", "first", "b", _inc(0.0))
+    await cache.caught_up("bot")
+    first = cache.cached("bot").draw_set
+    await _fold_until(cache, 0.75)
+    assert cache._entries["bot"].redrawing is None and cache.cached("bot").draw_set is first

@@ -67,6 +67,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         refresh_interval_s=settings.refresh_interval_s,
         rebuild_interval_s=settings.posterior_rebuild_interval_s,
         fold_draws=settings.posterior_fold_draws,
+        redraw_ahead_ess=settings.posterior_redraw_ahead_ess,
         replica=replica if notifying else "",
         announce=announce if notifying else None,
     )

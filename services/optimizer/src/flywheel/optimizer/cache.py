@@ -125,6 +125,7 @@ class _Entry:
     built: int = 0  # the version the installed snapshot reflects
     next_rebuild: float = 0.0  # monotonic time before which no rebuild starts
     rebuilding: asyncio.Task[None] | None = None
+    redrawing: asyncio.Task[None] | None = None  # new draws ahead, while folds reweight the old
     waiters: list[tuple[int, asyncio.Future[bool]]] = field(default_factory=list)
     # Folds not in the installed snapshot yet: (version, since when (time.time()), source)
     timed: list[tuple[int, float, str]] = field(default_factory=list)
@@ -140,6 +141,7 @@ class PosteriorCache:
         refresh_interval_s: float = 0.5,
         rebuild_interval_s: float = 0.002,
         fold_draws: int = snapshot.PROPENSITY_DRAWS,
+        redraw_ahead_ess: float = 0.75,
         replica: str = "",
         announce: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
@@ -148,6 +150,10 @@ class PosteriorCache:
         self._rebuild_interval = rebuild_interval_s
         # Joint posterior draws of a snapshot rebuilt from folds (a read draws PROPENSITY_DRAWS).
         self._fold_draws = fold_draws
+        # A Beta snapshot whose reweighted draws keep less than this effective sample share draws
+        # again ahead, in a worker thread, while folds go on reweighting the old draws: no fold
+        # waits for that draw unless the old ones fall below ``reweight.MIN_ESS_SHARE`` meanwhile.
+        self._redraw_ahead_ess = redraw_ahead_ess
         # Put into this replica's notifications, so that it skips its own.
         self.replica = replica
         # Tells the other replicas to reload an endpoint (after an administrative change here).
@@ -556,12 +562,17 @@ class PosteriorCache:
                 version, counts, base = entry.version, entry.counts, self._snapshots[name]
                 started = time.monotonic()
                 snap = self._reweighted(base, counts, entry.provisional)
+                if snap is None and entry.redrawing is not None:
+                    await asyncio.shield(entry.redrawing)  # its draws will serve: reweight them
+                    continue
                 if snap is None:
                     provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
                     snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
                     _DRAWN.inc()
                 else:
                     _REWEIGHTED.inc()
+                    if snap.draw_ess < self._redraw_ahead_ess and entry.redrawing is None:
+                        entry.redrawing = asyncio.get_running_loop().create_task(self._redraw(name, entry))
                 took = time.monotonic() - started
                 entry.next_rebuild = started + max(self._rebuild_interval, 2 * took)
                 if self._entries.get(name) is entry and version > entry.built:
@@ -573,6 +584,32 @@ class PosteriorCache:
             self._release(entry, ok=False)
         finally:
             entry.rebuilding = None
+
+    async def _redraw(self, name: str, entry: _Entry) -> None:
+        """Draw the endpoint's posterior again in a worker thread, then put the new draws under
+        the snapshot Select samples from, reweighted to every fold made meanwhile."""
+        try:
+            base, counts = self._snapshots[name], entry.counts
+            provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
+            drawn = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
+            _DRAWN.inc()
+            current = self._snapshots.get(name)
+            if self._entries.get(name) is not entry or current is None or drawn.draw_set is None:
+                return  # the endpoint was dropped, or these draws cannot be reweighted
+            # Onto the current snapshot: a read may have changed its arms (then they do not serve).
+            snap = self._reweighted(
+                dataclasses.replace(current, draw_set=drawn.draw_set), entry.counts, entry.provisional
+            )
+            if snap is None:
+                return
+            self._snapshots[name] = snap  # every fold so far, on the new draws
+            if entry.built < entry.version:
+                entry.built = entry.version
+                self._release(entry)
+        except Exception as exc:  # noqa: BLE001 - the rebuild task draws again when it must
+            log.warning("posterior redraw failed", endpoint=name, error=repr(exc))
+        finally:
+            entry.redrawing = None
 
     @staticmethod
     def _reweighted(

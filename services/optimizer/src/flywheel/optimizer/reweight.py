@@ -104,11 +104,12 @@ def probabilities(
     live: np.ndarray,
     caps: np.ndarray,
     trial: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(selection probabilities, probability each arm is best) over all arms for ``stats``,
-    from ``draw_set`` reweighted; the same rule as ``selection.thompson_probabilities`` with
-    the floor and caps, then the trial shares of canaries on trial (``trial``), as
-    ``snapshot._drawn_probabilities``. None when the draws cannot serve: draw again."""
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(selection probabilities, probability each arm is best, the weights' effective sample
+    size as a share of the draws) over all arms for ``stats``, from ``draw_set`` reweighted;
+    the same rule as ``selection.thompson_probabilities`` with the floor and caps, then the
+    trial shares of canaries on trial (``trial``), as ``snapshot._drawn_probabilities``. None
+    when the draws cannot serve: draw again."""
     if policy.kind != BETA or policy.allocation == IDS:
         return None
     idx = np.flatnonzero(live)
@@ -133,8 +134,9 @@ def probabilities(
         total += float(w.sum())
         squares += float(w @ w)
         wins += np.bincount(winner, weights=w, minlength=k)
-    # Effective sample size (sum w)^2 / sum w^2, compared without a division.
-    if total * total < MIN_ESS_SHARE * draw_set.draws * squares:
+    # Effective sample size (sum w)^2 / sum w^2, as a share of the draws.
+    ess_share = total * total / (draw_set.draws * squares)
+    if ess_share < MIN_ESS_SHARE:
         return None
     wins /= total
     cap = caps[idx]
@@ -158,7 +160,7 @@ def probabilities(
     out[idx] = selection.constrain(shares, floor=policy.exploration_floor, caps=cap)
     if trial is not None and np.any(trial > 0):
         out = canary.trial_shares(out, trial > 0, trial)
-    return out, best
+    return out, best, ess_share
 
 
 class DrawSetStore:

@@ -59,6 +59,11 @@ class OptimizerSettings(ServiceSettings):
     # folds (a read uses 4000). Each Select still draws its arm with exactly the probabilities
     # it logs; fewer draws make a rebuild cheaper, so feedback reaches Select sooner.
     posterior_fold_draws: int = Field(1000, ge=100, le=100_000)
+    # Those draws are reweighted to each fold while their effective sample size stays above half
+    # of them. Below this share, a worker thread draws again ahead, and folds go on reweighting
+    # the old draws meanwhile instead of waiting for the new ones; 0: draw only when they no
+    # longer serve (a fold then waits for the draw).
+    posterior_redraw_ahead_ess: float = Field(0.75, ge=0, le=1)
     # How often buffered decisions are written and published.
     decision_flush_interval_s: float = Field(0.02, gt=0, le=5)
     # Decisions made but not yet written (PostgreSQL or NATS slow or away): past this many,

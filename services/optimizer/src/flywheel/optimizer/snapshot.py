@@ -49,6 +49,9 @@ class EndpointSnapshot:
     # The joint draws behind ``probabilities`` when a later fold may reweight them instead of
     # drawing again (``reweight.py``): kept by rebuilds from folds, not by reads.
     draw_set: reweight.DrawSet | None = None
+    # The effective sample size of ``draw_set``'s weights behind these probabilities, as a share
+    # of its draws: 1 when they were just drawn; the cache draws again ahead as it falls.
+    draw_ess: float = 1.0
 
     @cached_property
     def cdf(self) -> list[float]:
@@ -298,11 +301,12 @@ def _posterior_fields(
         reused = reweight.probabilities(reuse, shown, stats, live, caps, trial)
         if reused is None:
             return None
-        probabilities, best = reused
+        probabilities, best, ess = reused
     else:
         assert rng is not None
         probabilities, best, drawn = _drawn_probabilities(shown, stats, live, caps, rng, m=draws, trial=trial)
         draw_set = reweight.keep(shown, live, stats, drawn) if keep and drawn is not None else None
+        ess = 1.0
     means, lo, hi = posterior.summaries(shown, stats)
     # Canaries are on trial: only active arms can be the incumbent.
     active = np.array([s == ACTIVE for s in statuses])
@@ -331,4 +335,5 @@ def _posterior_fields(
         "incumbent": chosen or "",
         "as_of": now,
         "draw_set": draw_set,
+        "draw_ess": ess,
     }
