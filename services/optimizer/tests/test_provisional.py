@@ -25,6 +25,7 @@ from flywheel.optimizer.fold import FoldBatch, Notice, PgSnapshot
 from flywheel.optimizer.peer_folds import PeerFolds
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.provisional import ProvisionalFolder, RecentDecisions
+from flywheel.optimizer.segment_cache import _draw_basis
 
 
 def _inputs(reward_spec=None) -> _Inputs:
@@ -527,3 +528,83 @@ async def test_without_the_redraw_ahead_the_draws_are_kept_until_they_no_longer_
     first = cache.cached("bot").draw_set
     await _fold_until(cache, 0.75)
     assert cache._entries["bot"].redrawing is None and cache.cached("bot").draw_set is first
+
+
+def _segments_held(monkeypatch, cache: PosteriorCache, **kwargs):
+    """A segment cache over ``cache`` whose worker-thread draws wait for the returned Event."""
+    from flywheel.optimizer.segment_cache import SegmentCache
+
+    segments = SegmentCache(sessions=None, endpoints=cache, **kwargs)  # type: ignore[arg-type]
+    go, drawing = threading.Event(), segments._draw
+
+    def held(jobs):
+        assert go.wait(10)
+        return drawing(jobs)
+
+    monkeypatch.setattr(segments, "_draw", held)
+    return segments, go
+
+
+def _seasoned(n: float) -> Stats:
+    return Stats(np.array([n, n]), np.array([n / 2, n / 2]), np.array([n / 2, n / 2]))
+
+
+async def _settled_in(predicate, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not reached in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_segment_waiting_for_new_draws_holds_up_no_other_segment_and_gets_every_fold(monkeypatch):
+    cache = _seasoned_cache()
+    segments, go = _segments_held(monkeypatch, cache, redraw_ahead_ess=0.75)
+    snap = cache.cached("bot")
+    for name, own in (("fr", _seasoned(50)), ("de", _seasoned(1))):
+        segments._put(segments._build(snap, name, own, _seasoned(0), 0.0))
+    fr, de = (segments.peek(snap, s).probabilities.copy() for s in ("fr", "de"))
+    # "de" moves so far that its draws no longer serve; "fr" by one reward, in the same pass.
+    for i in range(20):
+        assert segments.provisional("bot", "de", f"d{i}", "b", _inc(1.0))
+    assert segments.provisional("bot", "fr", "f0", "b", _inc(1.0))
+    await _settled_in(lambda: segments.peek(snap, "fr").probabilities[1] > fr[1])
+    assert segments.peek(snap, "de").probabilities.tolist() == de.tolist()  # waits for its draws
+    assert ("bot", "de") in segments._waiting and segments._drawing is not None
+    # Rewards on a while the draws are made: the new draws must carry them too.
+    for i in range(30):
+        assert segments.provisional("bot", "de", f"late{i}", "a", _inc(1.0))
+    await asyncio.sleep(0.02)
+    assert segments.peek(snap, "de").probabilities.tolist() == de.tolist()
+    go.set()
+    await _settled_in(lambda: segments._drawing is None and not segments._dirty and segments._passes is None)
+    # a: 30.5 wins of 31 against b's 20.5 of 21 on both draws: a ahead, not b at ~1 as without them.
+    served = segments.peek(snap, "de").probabilities
+    assert 0.5 < served[0] < 0.95 and not segments._waiting
+
+
+async def test_a_segments_draws_are_renewed_ahead_while_the_old_ones_still_serve(monkeypatch):
+    cache = _seasoned_cache()
+    segments, go = _segments_held(monkeypatch, cache, redraw_ahead_ess=0.75)
+    snap = cache.cached("bot")
+    segments._put(segments._build(snap, "fr", _seasoned(50), _seasoned(0), 0.0))
+    key = ("bot", "fr")
+    first = segments._draw_sets.get(key, _draw_basis(segments.peek(snap, "fr").basis, snap))
+    assert first is not None
+    for n in range(1, 400):
+        assert segments.provisional("bot", "fr", f"e{n}", "a", _inc(1.0))
+        await _settled_in(lambda: segments._passes is None)
+        if segments._drawing is not None:
+            break
+    assert segments._drawing is not None, "never renewed ahead"
+    # A fold while the new draws are made is served at once, from the old draws.
+    before = segments.peek(snap, "fr").probabilities[0]
+    assert segments.provisional("bot", "fr", "during", "a", _inc(1.0))
+    await _settled_in(lambda: segments.peek(snap, "fr").probabilities[0] > before)
+    assert segments._draw_sets.get(key, _draw_basis(segments.peek(snap, "fr").basis, snap)) is first
+    go.set()
+    await _settled_in(lambda: segments._drawing is None)
+    entry = segments.peek(snap, "fr")
+    renewed = segments._draw_sets.get(key, _draw_basis(entry.basis, snap))
+    assert renewed is not None and renewed is not first
+    _, ess = segments._reweighted(key, entry.basis, snap, segments._total(snap, "fr", entry.own, entry.prior))
+    assert ess > 0.9  # drawn from (nearly) the posterior it now serves

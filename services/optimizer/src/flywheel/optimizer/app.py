@@ -95,6 +95,7 @@ async def build(settings: OptimizerSettings, parts: ServiceParts) -> None:
         cache,
         refresh_interval_s=settings.refresh_interval_s,
         max_segments=settings.max_cached_segments,
+        redraw_ahead_ess=settings.posterior_redraw_ahead_ess,
     )
     if settings.posterior_fold:
         cache.fold_segments_into(segments.fold_many, segments.settle)

@@ -24,7 +24,12 @@ refresh (or fold), never per Select, so a segmented Select is one weighted draw 
   of them, least recently used dropped first), so that a fold, a provisional pass or a refresh
   reweights them on the event loop instead of drawing again; when they no longer serve (too
   little effective sample size left, a rule that is not a share of wins) it draws again, in a
-  worker thread for a provisional pass.
+  worker thread for a provisional pass. With ``redraw_ahead_ess`` (the endpoint cache's
+  ``posterior_redraw_ahead_ess``) a pass never waits for a worker thread: a segment whose
+  reweighted draws fall below that effective sample share gets new ones drawn in the
+  background (``_redraws``) while passes go on reweighting the old ones, and only a segment
+  whose draws no longer serve at all waits for its new ones; the other segments of the pass
+  are served at once. With 0, a pass draws the segments that need it and waits for them.
 - **Bound**: at most ``max_segments`` entries, least recently used evicted first.
 """
 
@@ -126,9 +131,13 @@ class SegmentCache:
         max_segments: int = 10_000,
         draws: int = SEGMENT_DRAWS,
         draw_set_bytes: int = DRAW_SET_BYTES,
+        redraw_ahead_ess: float = 0.0,
     ) -> None:
         if max_segments < 1:
             raise ValueError("max_segments must be at least 1")
+        if not 0.0 <= redraw_ahead_ess <= 1.0:
+            raise ValueError("redraw_ahead_ess must be within [0, 1]")
+        self._redraw_ahead_ess = redraw_ahead_ess
         self._sessions = sessions
         self._endpoints = endpoints
         self._interval = refresh_interval_s
@@ -148,8 +157,14 @@ class SegmentCache:
         self._dirty: dict[tuple[str, str], list[tuple[float, str]]] = {}  # key -> (since, FOLD_LAG source)
         self._passes: asyncio.Task[None] | None = None
         self._next_pass = 0.0  # monotonic time before which no pass starts
-        self._pass_rng = np.random.default_rng()  # only the pass's worker thread draws with it
+        self._pass_rng = np.random.default_rng()  # only one worker thread at a time draws with it
         self._draw_sets = reweight.DrawSetStore(draw_set_bytes)  # by (endpoint, segment)
+        # Draws renewed in the background (``_redraws``): the segments to draw, the one task
+        # drawing them, and the folds of segments that wait for their new draws (FOLD_LAG timing).
+        self._to_draw: set[tuple[str, str]] = set()
+        self._in_draw: set[tuple[str, str]] = set()  # the batch being drawn now
+        self._drawing: asyncio.Task[None] | None = None
+        self._waiting: dict[tuple[str, str], list[tuple[float, str]]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -336,8 +351,10 @@ class SegmentCache:
 
     async def _rebuild_passes(self) -> None:
         """Rebuild the segments whose provisional folds changed until none is left, one pass at a
-        time: inputs taken on the loop, draws in a worker thread, entries replaced on the loop
-        unless a commit's fold or a refresh replaced them meanwhile (with the overlay as it was)."""
+        time: kept draws reweighted on the loop, entries replaced on the loop. A segment whose
+        draws no longer serve is drawn again in a worker thread: in the background, while the
+        others are served (``redraw_ahead_ess`` > 0), or by the pass itself, which waits for it
+        (0; entries replaced unless a commit's fold or a refresh replaced them meanwhile)."""
         try:
             while self._dirty:
                 wait = self._next_pass - time.monotonic()
@@ -350,38 +367,102 @@ class SegmentCache:
                     if entry is not None and snap is not None and entry.fits(snap):
                         jobs.append((key, timed, entry, snap, self._total(snap, key[1], entry.own, entry.prior)))
                 started = time.monotonic()
-                # Kept draws reweighted here, on the loop; the others drawn in a worker thread.
-                results: list[tuple[np.ndarray, reweight.DrawSet | None] | None] = [
-                    self._reweighted(key, entry.basis, snap, total) for key, _, entry, snap, total in jobs
-                ]
-                redraw = [i for i, r in enumerate(results) if r is None]
+                results: list[tuple[np.ndarray, reweight.DrawSet | None] | None] = []
+                for key, timed, entry, snap, total in jobs:
+                    reused = self._reweighted(key, entry.basis, snap, total)
+                    if reused is not None and reused[1] < self._redraw_ahead_ess:
+                        self._request_draw(key)  # renewed ahead: these still serve meanwhile
+                    if reused is None and self._redraw_ahead_ess > 0:
+                        # Served once the new draws are in ((0, "") marks a change with no timing).
+                        waiting = self._waiting.setdefault(key, [])
+                        waiting.extend((timed or [(0.0, "")])[: max(1, MAX_TIMED - len(waiting))])
+                        self._request_draw(key)
+                    results.append(None if reused is None else (reused[0], None))
+                redraw = [i for i, r in enumerate(results) if r is None] if self._redraw_ahead_ess == 0 else []
                 if redraw:
                     drawn = await asyncio.to_thread(self._draw, [(jobs[i][3], jobs[i][4]) for i in redraw])
                     for i, out in zip(redraw, drawn, strict=True):
                         results[i] = out
                 self._next_pass = started + max(PROVISIONAL_PASS_S, 2 * (time.monotonic() - started))
-                now = time.time()
                 for (key, timed, entry, snap, _), result in zip(jobs, results, strict=True):
                     if self._entries.get(key) is not entry or result is None:
                         continue
-                    p, drawn_set = result
-                    if drawn_set is not None:
-                        self._draw_sets.put(key, _draw_basis(entry.basis, snap), drawn_set)
-                    self._put(replace(entry, probabilities=p, cdf=[float(x) for x in np.cumsum(p)]))
-                    for since, source in timed:
-                        FOLD_LAG.labels(source).observe(max(0.0, now - since))
+                    self._install(key, entry, snap, result, timed)
         except Exception as exc:  # noqa: BLE001 - the next fold or refresh rebuilds them
             log.warning("segment rebuild failed", error=repr(exc))
         finally:
             self._passes = None
 
+    def _install(
+        self,
+        key: tuple[str, str],
+        entry: SegmentSnapshot,
+        snap: EndpointSnapshot,
+        result: tuple[np.ndarray, reweight.DrawSet | None],
+        timed: list[tuple[float, str]],
+    ) -> None:
+        """``entry`` with new probabilities (and their draws kept), its folds timed."""
+        p, drawn_set = result
+        if drawn_set is not None:
+            self._draw_sets.put(key, _draw_basis(entry.basis, snap), drawn_set)
+        self._put(replace(entry, probabilities=p, cdf=[float(x) for x in np.cumsum(p)]))
+        now = time.time()
+        for since, source in timed:
+            if since > 0:
+                FOLD_LAG.labels(source).observe(max(0.0, now - since))
+
+    def _request_draw(self, key: tuple[str, str]) -> None:
+        if key in self._in_draw:
+            return  # its new draws are on their way: the pass after them reweights them
+        self._to_draw.add(key)
+        if self._drawing is None:
+            self._drawing = asyncio.get_running_loop().create_task(self._redraws())
+
+    async def _redraws(self) -> None:
+        """Draw the requested segments again in a worker thread, a batch at a time. New Beta
+        draws are kept and the segment goes to the next pass, which reweights them to every fold
+        made meanwhile; probabilities whose draws cannot be kept (a rule that is not a share of
+        wins) are served as drawn, unless the segment was replaced meanwhile (its next pass then
+        asks again)."""
+        try:
+            while self._to_draw:
+                self._in_draw, self._to_draw = self._to_draw, set()
+                jobs = []
+                for key in self._in_draw:
+                    entry, snap = self._entries.get(key), self._endpoints.cached(key[0])
+                    if entry is not None and snap is not None and entry.fits(snap):
+                        total = self._total(snap, key[1], entry.own, entry.prior)
+                        jobs.append((key, entry, snap, total, len(self._waiting.get(key, ()))))
+                    else:
+                        self._waiting.pop(key, None)  # dropped, or rebuilt for other arms by a refresh
+                drawn = await asyncio.to_thread(self._draw, [(snap, total) for _, _, snap, total, _ in jobs])
+                self._in_draw = set()
+                for (key, entry, snap, _, covered), (p, draw_set) in zip(jobs, drawn, strict=True):
+                    waiting = self._waiting.pop(key, [])
+                    if draw_set is None and self._entries.get(key) is entry:
+                        # As drawn: it covers the folds that waited when it began; the later ones go on.
+                        self._install(key, entry, snap, (p, None), waiting[:covered])
+                        waiting = waiting[covered:]
+                    elif draw_set is not None:
+                        self._draw_sets.put(key, _draw_basis(entry.basis, snap), draw_set)
+                    if waiting:
+                        self._dirty.setdefault(key, []).extend(t for t in waiting if t[0] > 0)
+                if self._dirty and self._passes is None:
+                    self._passes = asyncio.get_running_loop().create_task(self._rebuild_passes())
+        except Exception as exc:  # noqa: BLE001 - the next fold or refresh rebuilds them
+            log.warning("segment redraw failed", error=repr(exc))
+            self._waiting.clear()  # not drawn again in a loop: their next fold or refresh rebuilds them
+        finally:
+            self._in_draw = set()
+            self._drawing = None
+
     def _reweighted(
         self, key: tuple[str, str], basis: tuple[object, ...], snap: EndpointSnapshot, total: Stats
-    ) -> tuple[np.ndarray, None] | None:
-        """A segment's probabilities from its kept draws reweighted to ``total`` (None: draw again)."""
+    ) -> tuple[np.ndarray, float] | None:
+        """A segment's probabilities from its kept draws reweighted to ``total``, and the
+        weights' effective sample share (None: draw again)."""
         kept = self._draw_sets.get(key, _draw_basis(basis, snap))
-        p = None if kept is None else snap.reweighted_for(kept, total)
-        return None if p is None else (p, None)
+        return None if kept is None else snap.reweighted_for(kept, total)
 
     def _draw(self, jobs: list[tuple[EndpointSnapshot, Stats]]) -> list[tuple[np.ndarray, reweight.DrawSet | None]]:
         m = min(self._draws, PROVISIONAL_DRAWS)

@@ -62,7 +62,8 @@ class OptimizerSettings(ServiceSettings):
     # Those draws are reweighted to each fold while their effective sample size stays above half
     # of them. Below this share, a worker thread draws again ahead, and folds go on reweighting
     # the old draws meanwhile instead of waiting for the new ones; 0: draw only when they no
-    # longer serve (a fold then waits for the draw).
+    # longer serve (a fold then waits for the draw). The same for a segment's draws
+    # (segment_cache.py), where a segment that must wait no longer holds up the others.
     posterior_redraw_ahead_ess: float = Field(0.75, ge=0, le=1)
     # How often buffered decisions are written and published.
     decision_flush_interval_s: float = Field(0.02, gt=0, le=5)

@@ -90,11 +90,12 @@ class EndpointSnapshot:
         p, _, draws = _drawn_probabilities(self.policy, stats, self.live, self.caps_of_live(), rng, m=m, trial=trial)
         return p, None if draws is None else reweight.keep(self.policy, self.live, stats, draws)
 
-    def reweighted_for(self, draw_set: reweight.DrawSet, stats: Stats) -> np.ndarray | None:
-        """``probabilities_for`` from kept draws reweighted to ``stats`` (None: draw again)."""
+    def reweighted_for(self, draw_set: reweight.DrawSet, stats: Stats) -> tuple[np.ndarray, float] | None:
+        """``probabilities_for`` from kept draws reweighted to ``stats``, with the weights'
+        effective sample share (None: draw again)."""
         trial = trial_share_vector(self.policy, self.statuses, self.caps, self.pulls)
         out = reweight.probabilities(draw_set, self.policy, stats, self.live, self.caps_of_live(), trial)
-        return None if out is None else out[0]
+        return None if out is None else (out[0], out[2])
 
 
 def trial_share_vector(policy: PolicyConfig, statuses: list[str], caps: np.ndarray, pulls: np.ndarray) -> np.ndarray:
