@@ -54,7 +54,6 @@ from flywheel.optimizer.spec import BETA
 from flywheel.optimizer.stats import Increment
 
 log = get_logger(__name__)
-_X_DUTY = float(__import__('os').environ.get('FLYWHEEL_OPTIMIZER_X_REDRAW_DUTY', '0'))  # TEMPORARY A/B switch
 
 # Joint posterior draws behind a segment's selection probabilities (built once per refresh
 # or fold; a Select only samples from them). The endpoint's own use snapshot.PROPENSITY_DRAWS.
@@ -166,7 +165,6 @@ class SegmentCache:
         self._in_draw: set[tuple[str, str]] = set()  # the batch being drawn now
         self._drawing: asyncio.Task[None] | None = None
         self._waiting: dict[tuple[str, str], list[tuple[float, str]]] = {}
-        self._draw_done: tuple[float, float] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -428,11 +426,6 @@ class SegmentCache:
         asks again)."""
         try:
             while self._to_draw:
-                if _X_DUTY and self._draw_done is not None:
-                    t0, t1 = self._draw_done
-                    wait = t1 + _X_DUTY * (t1 - t0) - time.monotonic()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
                 self._in_draw, self._to_draw = self._to_draw, set()
                 jobs = []
                 for key in self._in_draw:
@@ -442,11 +435,8 @@ class SegmentCache:
                         jobs.append((key, entry, snap, total, len(self._waiting.get(key, ()))))
                     else:
                         self._waiting.pop(key, None)  # dropped, or rebuilt for other arms by a refresh
-                t0 = time.monotonic()
                 drawn = await asyncio.to_thread(self._draw, [(snap, total) for _, _, snap, total, _ in jobs])
                 self._in_draw = set()
-                if _X_DUTY:
-                    self._draw_done = (t0, time.monotonic())
                 for (key, entry, snap, _, covered), (p, draw_set) in zip(jobs, drawn, strict=True):
                     waiting = self._waiting.pop(key, [])
                     if draw_set is None and self._entries.get(key) is entry:
