@@ -46,6 +46,7 @@ from flywheel.core.logging import get_logger
 from flywheel.optimizer import fold, snapshot, stats
 from flywheel.optimizer.fold import Counts, EndpointFold, FoldBatch, Notice, PgSnapshot
 from flywheel.optimizer.models import ArmRow, EndpointRow
+from flywheel.optimizer.overlay import ArmSum, Overlay
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
 from flywheel.optimizer.spec import LINEAR, PolicyConfig
@@ -79,9 +80,6 @@ FOLD_LAG = Histogram(
 MAX_PENDING_FOLDS = 10_000
 # At most this many folds per endpoint wait to be timed (``FOLD_LAG``); more are not timed.
 MAX_TIMED_FOLDS = 1_000
-# A rebuild on the event loop adds the provisional folds one by one: with more than this many
-# it goes to the worker thread instead (a consumer that has fallen far behind).
-MAX_LOOP_PROVISIONAL = 2_000
 PROVISIONAL = Counter(
     "flywheel_optimizer_provisional_folds_total",
     "Feedback folded provisionally into a cached posterior before its transaction commits, and how each "
@@ -130,7 +128,7 @@ class _Entry:
     # Folds not in the installed snapshot yet: (version, since when (time.time()), source)
     timed: list[tuple[int, float, str]] = field(default_factory=list)
     # Provisional folds by event id: (arm id, increment), on top of ``counts`` until settled.
-    provisional: dict[str, tuple[str, Increment]] = field(default_factory=dict)
+    provisional: Overlay = field(default_factory=Overlay)
 
 
 class PosteriorCache:
@@ -459,7 +457,7 @@ class PosteriorCache:
         if entry is None or snap is None or arm_id not in snap.arm_ids or len(self._provisional) >= MAX_PROVISIONAL:
             _SKIPPED.inc()
             return False
-        entry.provisional[event_id] = (arm_id, inc)
+        entry.provisional.add(event_id, arm_id, inc)
         self._provisional[event_id] = (name, time.monotonic())
         _FOLDED.inc()
         self._changed(name, entry, since, source)
@@ -480,7 +478,7 @@ class PosteriorCache:
             if home is None:
                 continue
             entry = self._entries.get(home[0])
-            if entry is not None and entry.provisional.pop(event_id, None) is not None:
+            if entry is not None and entry.provisional.pop(event_id) is not None:
                 changed[home[0]] = entry
                 n_settled += 1
         if n_settled:
@@ -505,7 +503,7 @@ class PosteriorCache:
         for event_id in expired:
             name, _ = self._provisional.pop(event_id)
             entry = self._entries.get(name)
-            if entry is not None and entry.provisional.pop(event_id, None) is not None:
+            if entry is not None and entry.provisional.pop(event_id) is not None:
                 changed[name] = entry
         for name, entry in changed.items():
             self._changed(name, entry)
@@ -566,7 +564,7 @@ class PosteriorCache:
                     await asyncio.shield(entry.redrawing)  # its draws will serve: reweight them
                     continue
                 if snap is None:
-                    provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
+                    provisional = entry.provisional.sums()  # taken here: the loop changes the overlay
                     snap = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
                     _DRAWN.inc()
                 else:
@@ -590,7 +588,7 @@ class PosteriorCache:
         the snapshot Select samples from, reweighted to every fold made meanwhile."""
         try:
             base, counts = self._snapshots[name], entry.counts
-            provisional = list(entry.provisional.values())  # taken here: the loop changes the dict
+            provisional = entry.provisional.sums()  # taken here: the loop changes the overlay
             drawn = await asyncio.to_thread(self._rebuilt, base, counts, provisional)
             _DRAWN.inc()
             current = self._snapshots.get(name)
@@ -612,20 +610,16 @@ class PosteriorCache:
             entry.redrawing = None
 
     @staticmethod
-    def _reweighted(
-        base: EndpointSnapshot, counts: Counts, provisional: dict[str, tuple[str, Increment]]
-    ) -> EndpointSnapshot | None:
+    def _reweighted(base: EndpointSnapshot, counts: Counts, provisional: Overlay) -> EndpointSnapshot | None:
         """The rebuild by reweighting ``base``'s draws, on the event loop (None: draw again)."""
-        if base.draw_set is None or len(provisional) > MAX_LOOP_PROVISIONAL:
+        if base.draw_set is None:
             return None
         snap = snapshot.reweighted(base, **_fields(_with_provisional(counts, base.arm_ids, provisional)))
         if snap is not None:
             _ = snap.cdf  # computed here, not by the first Select
         return snap
 
-    def _rebuilt(
-        self, base: EndpointSnapshot, counts: Counts, provisional: list[tuple[str, Increment]]
-    ) -> EndpointSnapshot:
+    def _rebuilt(self, base: EndpointSnapshot, counts: Counts, provisional: list[ArmSum]) -> EndpointSnapshot:
         counts = _with_provisional(counts, base.arm_ids, provisional)
         snap = snapshot.rebuild(base, **_fields(counts), rng=self._rebuild_rng, draws=self._fold_draws)
         _ = snap.cdf  # computed here, not by the first Select
@@ -707,15 +701,14 @@ def _fields(counts: Counts) -> dict[str, Any]:
     }
 
 
-def _with_provisional(
-    counts: Counts, arm_ids: list[str], provisional: dict[str, tuple[str, Increment]] | list[tuple[str, Increment]]
-) -> Counts:
-    """``counts`` with the provisional folds on top (those of arms still known)."""
-    if not provisional:
+def _with_provisional(counts: Counts, arm_ids: list[str], provisional: Overlay | list[ArmSum]) -> Counts:
+    """``counts`` with the provisional folds on top (those of arms still known): an overlay, or
+    its sums taken earlier (for a worker thread: the loop changes the overlay)."""
+    sums = provisional.sums() if isinstance(provisional, Overlay) else provisional
+    if not sums:
         return counts
     index = {a: i for i, a in enumerate(arm_ids)}
-    folds = provisional.values() if isinstance(provisional, dict) else provisional
-    return fold.overlay(counts, [(index[a], inc) for a, inc in folds if a in index])
+    return fold.overlay(counts, [(index[t.arm_id], t.inc, t.pulls) for t in sums if t.arm_id in index])
 
 
 def _policy(row: Any) -> PolicyConfig:

@@ -63,32 +63,33 @@ def add(
     transaction that started before ``as_of`` adds its increments undecayed. ``clock`` is the
     endpoint's decision clock in that transaction (for ``half_life_decisions``), likewise."""
     f = decay(policy, at - counts.as_of, clock - counts.clock)
-    adds = ((arm_index[arm_id], inc) for arm_id, inc in incs.items())
+    adds = ((arm_index[arm_id], inc, round(inc.w)) for arm_id, inc in incs.items())
     return _plus(counts, f, adds, max(counts.as_of, at), max(counts.clock, clock))
 
 
-def overlay(counts: Counts, adds: Iterable[tuple[int, Increment]]) -> Counts:
-    """``counts`` plus provisional increments (arm index, increment), undecayed and as new
-    arrays: what Select samples from while their transactions have not committed yet
-    (``provisional.py``). ``as_of`` and the clock stay the committed counts'."""
+def overlay(counts: Counts, adds: Iterable[tuple[int, Increment, int]]) -> Counts:
+    """``counts`` plus provisional increments (arm index, increment, pulls: one per arm, the
+    sum of its folds, ``overlay.Overlay.sums``), undecayed and as new arrays: what Select samples
+    from while their transactions have not committed yet (``provisional.py``). ``as_of`` and
+    the clock stay the committed counts'."""
     return _plus(counts, 1.0, adds, counts.as_of, counts.clock)
 
 
-def _plus(counts: Counts, f: float, adds: Iterable[tuple[int, Increment]], as_of: float, clock: float) -> Counts:
-    """``counts``' statistics times ``f``, plus each (arm index, increment), as new arrays."""
+def _plus(counts: Counts, f: float, adds: Iterable[tuple[int, Increment, int]], as_of: float, clock: float) -> Counts:
+    """``counts``' statistics times ``f``, plus each (arm index, increment, pulls), as new arrays."""
     st = counts.stats
     w, s, ss = st.w * f, st.s * f, st.ss * f
     xtx = None if st.xtx is None else st.xtx * f
     xty = None if st.xty is None else st.xty * f
     pulls, reward_sums = counts.pulls.copy(), counts.reward_sums.copy()
-    for i, inc in adds:
+    for i, inc, n in adds:
         w[i] += inc.w
         s[i] += inc.s
         ss[i] += inc.ss
         if xtx is not None and xty is not None and inc.xtx is not None and inc.xty is not None:
             xtx[i] += inc.xtx
             xty[i] += inc.xty
-        pulls[i] += round(inc.w)
+        pulls[i] += n
         reward_sums[i] += inc.s
     return Counts(Stats(w, s, ss, xtx, xty), pulls, reward_sums, as_of, clock)
 

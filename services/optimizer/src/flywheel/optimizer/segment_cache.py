@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from flywheel.core.logging import get_logger
 from flywheel.optimizer import reweight, stats
 from flywheel.optimizer.cache import FOLD_LAG, PosteriorCache
+from flywheel.optimizer.overlay import Overlay
 from flywheel.optimizer.policies import segments
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
@@ -151,7 +152,7 @@ class SegmentCache:
         self._rng = np.random.default_rng()  # only the event loop builds
         self.loads = 0  # first-use loads from PostgreSQL (tests and benchmarks read it)
         # Provisional folds: segment -> event id -> (arm id, increment); event id -> segment.
-        self._overlay: dict[tuple[str, str], dict[str, tuple[str, Increment]]] = {}
+        self._overlay: dict[tuple[str, str], Overlay] = {}
         self._overlay_of: dict[str, tuple[str, str]] = {}
         # Segments whose overlay changed, with the publish times of the folds they wait for.
         self._dirty: dict[tuple[str, str], list[tuple[float, str]]] = {}  # key -> (since, FOLD_LAG source)
@@ -322,7 +323,7 @@ class SegmentCache:
         entry = self._entries.get(key)
         if not segment or entry is None or arm_id not in entry.arm_ids or event_id in self._overlay_of:
             return False
-        self._overlay.setdefault(key, {})[event_id] = (arm_id, inc)
+        self._overlay.setdefault(key, Overlay()).add(event_id, arm_id, inc)
         self._overlay_of[event_id] = key
         self._changed(key, since, source)
         return True
@@ -337,7 +338,7 @@ class SegmentCache:
                 continue
             folds = self._overlay.get(key)
             if folds is not None:
-                folds.pop(event_id, None)
+                folds.pop(event_id)
                 if not folds:
                     del self._overlay[key]
             self._changed(key)
@@ -475,12 +476,12 @@ class SegmentCache:
         overlay = self._overlay.get((snap.name, segment))
         if overlay:
             index = {a: i for i, a in enumerate(snap.arm_ids)}
-            for arm_id, inc in overlay.values():
-                i = index.get(arm_id)
+            for arm in overlay.sums():  # one per arm, however many folds wait
+                i = index.get(arm.arm_id)
                 if i is not None:
-                    total.w[i] += inc.w
-                    total.s[i] += inc.s
-                    total.ss[i] += inc.ss
+                    total.w[i] += arm.inc.w
+                    total.s[i] += arm.inc.s
+                    total.ss[i] += arm.inc.ss
         return total
 
     def fold_many(
