@@ -226,7 +226,8 @@ def test_the_draw_set_store_keeps_at_most_its_bytes_least_recently_used_dropped_
     live = np.ones(10, dtype=bool)
     st = Stats(W, S, S)
     one = reweight.keep(policy, live, st, np.random.default_rng(0).beta(S + 1, W - S + 1, size=(1000, 10)))
-    assert one is not None and one.nbytes == 2 * 1000 * 10 * 4 + 2 * 1000 * 4  # logs, winners, runners-up
+    # logs, winners one-hot (float32), winners and runners-up (int32)
+    assert one is not None and one.nbytes == 3 * 1000 * 10 * 4 + 2 * 1000 * 4
     store = reweight.DrawSetStore(max_bytes=2 * one.nbytes)
     store.put("a", "basis", one)
     store.put("b", "basis", one)
@@ -235,3 +236,33 @@ def test_the_draw_set_store_keeps_at_most_its_bytes_least_recently_used_dropped_
     store.put("c", "basis", one)
     assert store.get("b", "basis") is None and store.get("c", "basis") is one
     assert len(store) == 2 and store.nbytes == 2 * one.nbytes
+
+
+def test_a_rebuild_by_reweighting_keeps_the_gil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reweighting runs on the event loop beside Select's worker threads, so it calls none
+    of the numpy functions that let the GIL go at any size (each release can cost the loop a
+    5 ms switch interval under load): np.zeros over 1 KiB, np.bincount, np.unique, np.searchsorted."""
+    base = _rebuilt(_snap(), W, S)  # a fold's rebuild keeps its draws
+    assert base.draw_set is not None
+    w, s = W.copy(), S.copy()
+    w[:3] += 1
+    s[:3] += 1
+
+    def released(name: str):
+        real = getattr(np, name)
+
+        def guard(*args, **kwargs):
+            if name != "zeros" or np.prod(args[0] if args else kwargs["shape"]) * 8 > 1024:
+                raise AssertionError(f"np.{name} lets the GIL go")
+            return real(*args, **kwargs)
+
+        return guard
+
+    expected = snapshot.reweighted(base, stats=Stats(w, s, s), pulls=w, reward_sums=s, now=NOW)
+    for name in ("zeros", "bincount", "unique", "searchsorted"):
+        monkeypatch.setattr(np, name, released(name))
+    moved = snapshot.reweighted(base, stats=Stats(w, s, s), pulls=w, reward_sums=s, now=NOW)
+    monkeypatch.undo()
+    assert moved is not None and expected is not None
+    np.testing.assert_array_equal(moved.probabilities, expected.probabilities)
+    assert moved.probabilities[:3].sum() > base.probabilities[:3].sum()  # the fold moved them

@@ -12,6 +12,9 @@ count of the draws' winners, with no new draw and no thread.
 The reweighting runs on the event loop in pieces of ``CHUNK`` draws: numpy releases the GIL
 for an operation over more than 500 elements, and under load each release costs the loop up to
 a switch interval (5 ms) before it runs again; over 500 or fewer it keeps the GIL throughout.
+Some numpy calls let it go whatever their size (``np.zeros`` over 1 KiB, ``np.bincount``,
+``np.unique``, ``np.searchsorted``), so the reweighting uses none of them: the weighted count
+of winners is a product with their one-hot matrix, kept with the draws.
 
 Reweighting is used while the weights' effective sample size stays above ``MIN_ESS_SHARE`` of
 the draws; otherwise, and for selection rules that are not a weighted share of wins (Gaussian
@@ -55,6 +58,9 @@ class DrawSet:
     log_q: tuple[np.ndarray, ...]
     winner: tuple[np.ndarray, ...]
     runner_up: tuple[np.ndarray, ...]
+    # Per piece, the winners one-hot, shape (live arms, draws), float32: a weighted count of
+    # wins is one matrix product, which keeps the GIL (np.bincount lets it go).
+    wins_one_hot: tuple[np.ndarray, ...]
 
     @property
     def draws(self) -> int:
@@ -62,7 +68,8 @@ class DrawSet:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for part in (self.log_p, self.log_q, self.winner, self.runner_up) for a in part)
+        parts = (self.log_p, self.log_q, self.winner, self.runner_up, self.wins_one_hot)
+        return sum(a.nbytes for part in parts for a in part)
 
 
 def keep(policy: PolicyConfig, live: np.ndarray, stats: Stats, draws: np.ndarray) -> DrawSet | None:
@@ -94,7 +101,21 @@ def keep(policy: PolicyConfig, live: np.ndarray, stats: Stats, draws: np.ndarray
         tuple(np.ascontiguousarray(log_q[:, i : i + CHUNK]) for i in pieces),
         tuple(winner[i : i + CHUNK].astype(np.int32) for i in pieces),
         tuple(runner_up[i : i + CHUNK].astype(np.int32) for i in pieces),
+        tuple(_one_hot(winner[i : i + CHUNK], len(idx)) for i in pieces),
     )
+
+
+def _one_hot(winner: np.ndarray, k: int) -> np.ndarray:
+    out = np.zeros((k, len(winner)), dtype=np.float32)
+    out[winner, np.arange(len(winner))] = 1.0
+    return out
+
+
+def _zeros(n: int) -> np.ndarray:
+    """np.zeros(n) that keeps the GIL: np.zeros lets it go while it allocates over 1 KiB."""
+    out = np.empty(n)
+    out.fill(0.0)
+    return out
 
 
 def probabilities(
@@ -122,18 +143,18 @@ def probabilities(
     # log weight of each draw: sum over changed arms of d_alpha log p + d_beta log(1 - p)
     log_w = []
     for log_p, log_q in zip(draw_set.log_p, draw_set.log_q, strict=True):
-        lw = np.zeros(log_p.shape[1])
+        lw = _zeros(log_p.shape[1])
         for da, db, j in terms:
             lw += da * log_p[j]
             lw += db * log_q[j]
         log_w.append(lw)
     top = max(float(lw.max()) for lw in log_w)
     weights = [np.exp(lw - top) for lw in log_w]
-    wins, total, squares = np.zeros(k), 0.0, 0.0
-    for w, winner in zip(weights, draw_set.winner, strict=True):
+    wins, total, squares = _zeros(k), 0.0, 0.0
+    for w, one_hot in zip(weights, draw_set.wins_one_hot, strict=True):
         total += float(w.sum())
         squares += float(w @ w)
-        wins += np.bincount(winner, weights=w, minlength=k)
+        wins += one_hot @ w.astype(np.float32)
     # Effective sample size (sum w)^2 / sum w^2, as a share of the draws.
     ess_share = total * total / (draw_set.draws * squares)
     if ess_share < MIN_ESS_SHARE:
@@ -155,7 +176,7 @@ def probabilities(
         shares[c] = cap[c]
         if np.any(np.delete(shares > cap + 1e-12, c)):
             return None  # a second arm over its cap: draw again
-    out, best = np.zeros(len(live)), np.zeros(len(live))
+    out, best = _zeros(len(live)), _zeros(len(live))
     best[idx] = wins
     out[idx] = selection.constrain(shares, floor=policy.exploration_floor, caps=cap)
     if trial is not None and np.any(trial > 0):

@@ -8,6 +8,8 @@ probability the arm was sampled with, which is what off-policy evaluation needs.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 _EPS = 1e-12
@@ -38,9 +40,11 @@ def _fill(base: np.ndarray, lo: np.ndarray, hi: np.ndarray, total: float) -> np.
     breakpoints at lo/base and hi/base; the exact lam is found by interpolation.
     """
     pos = base > 0
-    points = np.unique(np.concatenate([[0.0], lo[pos] / base[pos], hi[pos] / base[pos]]))
+    # In Python, not np.unique / np.searchsorted: those let the GIL go, and this runs on the
+    # optimizer's event loop in every rebuild (reweight.py).
+    points = np.array(sorted({0.0, *(lo[pos] / base[pos]).tolist(), *(hi[pos] / base[pos]).tolist()}))
     sums = np.clip(points[:, None] * base[None, :], lo, hi).sum(axis=1)
-    j = int(np.searchsorted(sums, total - _EPS))
+    j = bisect.bisect_left(sums.tolist(), total - _EPS)
     if j >= points.shape[0]:
         return None
     if j == 0:
