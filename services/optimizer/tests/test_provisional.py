@@ -584,7 +584,7 @@ async def test_a_segment_waiting_for_new_draws_holds_up_no_other_segment_and_get
     await asyncio.sleep(0.02)
     assert segments.peek(snap, "de").probabilities.tolist() == de.tolist()
     go.set()
-    await _settled_in(lambda: segments._drawing is None and not segments._dirty and segments._passes is None)
+    await _rebuilt(segments)
     # a: 30.5 wins of 31 against b's 20.5 of 21 on both draws: a ahead, not b at ~1 as without them.
     served = segments.peek(snap, "de").probabilities
     assert 0.5 < served[0] < 0.95 and not segments._waiting
