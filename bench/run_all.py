@@ -269,6 +269,14 @@ def has_cuda(python: str) -> bool:
     return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
 
 
+def _install_hint(bench: Bench) -> str:
+    """How to install a bench's peers: its own requirements file, else the pyproject's bench group."""
+    requirements = HERE / Path(bench.script).parent / "requirements.txt"
+    if requirements.is_file():
+        return f"pip install -r {requirements.relative_to(HERE.parent)}"
+    return ".venv/bin/uv pip install -p .venv/bin/python --group bench"
+
+
 def plan(
     benches: list[Bench],
     *,
@@ -291,8 +299,7 @@ def plan(
             chosen = "quick"
         item = Planned(bench, chosen, missing_optional=[d for d in bench.optional if d not in have])
         if missing := [d for d in bench.peers if d not in have]:
-            folder = Path(bench.script).parent
-            item.skip = f"peers not installed: {', '.join(missing)} (pip install -r bench/{folder}/requirements.txt)"
+            item.skip = f"peers not installed: {', '.join(missing)} ({_install_hint(bench)})"
         elif bench.modes[chosen].gpu and not cuda:
             if bench.name in overrides:
                 item.skip = f"mode {chosen} needs a CUDA GPU and none is visible"

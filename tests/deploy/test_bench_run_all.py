@@ -91,6 +91,7 @@ def test_a_run_writes_logs_and_a_manifest(fake, capsys: pytest.CaptureFixture[st
     assert bad["written"] is False
     assert peerless["status"] == "skipped"
     assert "no-such-dist" in peerless["reason"]
+    assert "--group bench" in peerless["reason"]  # no bench/good/requirements.txt: the hint names one that exists
     assert "running quick" in (results / "logs" / "good.log").read_text()
     assert "boom" in (results / "logs" / "bad.log").read_text()
     assert "stamp" in manifest  # written through benchstamp
