@@ -269,11 +269,11 @@ def has_cuda(python: str) -> bool:
     return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
 
 
-def _install_hint(bench: Bench) -> str:
+def _install_hint(bench: Bench, bench_root: Path) -> str:
     """How to install a bench's peers: its own requirements file, else the pyproject's bench group."""
-    requirements = HERE / Path(bench.script).parent / "requirements.txt"
+    requirements = bench_root / Path(bench.script).parent / "requirements.txt"
     if requirements.is_file():
-        return f"pip install -r {requirements.relative_to(HERE.parent)}"
+        return f"pip install -r {requirements.relative_to(bench_root.parent)}"
     return ".venv/bin/uv pip install -p .venv/bin/python --group bench"
 
 
@@ -285,6 +285,7 @@ def plan(
     budget_min: float | None,
     have: set[str],
     cuda: bool,
+    bench_root: Path = HERE,
 ) -> list[Planned]:
     """The mode of each bench: ``overrides`` first; else ``mode`` (quick where the bench has no
     such mode); with a budget, quick to start with, then, while the expected total is over the
@@ -299,7 +300,7 @@ def plan(
             chosen = "quick"
         item = Planned(bench, chosen, missing_optional=[d for d in bench.optional if d not in have])
         if missing := [d for d in bench.peers if d not in have]:
-            item.skip = f"peers not installed: {', '.join(missing)} ({_install_hint(bench)})"
+            item.skip = f"peers not installed: {', '.join(missing)} ({_install_hint(bench, bench_root)})"
         elif bench.modes[chosen].gpu and not cuda:
             if bench.name in overrides:
                 item.skip = f"mode {chosen} needs a CUDA GPU and none is visible"
@@ -496,7 +497,15 @@ def main(argv: list[str] | None = None) -> int:
     have = installed(args.python, needed)
     gpu_wanted = any(m.gpu for b in selected for m in b.modes.values())
     cuda = gpu_wanted and has_cuda(args.python)
-    items = plan(selected, mode=args.mode, overrides=overrides, budget_min=args.budget_min, have=have, cuda=cuda)
+    items = plan(
+        selected,
+        mode=args.mode,
+        overrides=overrides,
+        budget_min=args.budget_min,
+        have=have,
+        cuda=cuda,
+        bench_root=bench_root,
+    )
     print(f"plan ({len(items)} benches, results in {results}):")
     print_plan(items, args.python, bench_root, results, args.budget_min)
     if args.plan:

@@ -166,6 +166,20 @@ def test_the_budget_picks_full_where_it_fits() -> None:
     assert "CUDA" in forced[3].skip
 
 
+def test_a_skipped_bench_names_an_install_command_that_exists(tmp_path: Path) -> None:
+    ra = _module()
+    (tmp_path / "bench" / "own").mkdir(parents=True)
+    (tmp_path / "bench" / "own" / "requirements.txt").write_text("no-such-dist\n")
+    benches = [
+        ra.Bench(name, f"{name}/run.py", {"quick": ra.Mode((), 1)}, peers=("no-such-dist",)) for name in ("own", "none")
+    ]
+    own, none = ra.plan(
+        benches, mode="quick", overrides={}, budget_min=None, have=set(), cuda=False, bench_root=tmp_path / "bench"
+    )
+    assert own.skip.endswith("(pip install -r bench/own/requirements.txt)")
+    assert "--group bench" in none.skip  # no bench/none/requirements.txt: the pyproject's group
+
+
 def test_bad_arguments_name_the_flag(fake) -> None:
     ra, _repo, root, results = fake
     with pytest.raises(SystemExit, match="--only: unknown bench nope"):
