@@ -1,6 +1,6 @@
 """Forgetting by decisions through a real optimizer (PostgreSQL, NATS): a half-life measured in
 the endpoint's decisions gives the same posterior whether the same decisions and feedback come
-at 50 or at up to 400 decisions per second, and the same as the in-process policy (`ThompsonAgent`
+at 25 or at up to 400 decisions per second, and the same as the in-process policy (`ThompsonAgent`
 with its clock counting decisions, as `bench/regret` runs it); a half-life in seconds does not.
 
 Each run plays one sequence: rounds of ``BATCH`` decisions (one SelectBatch), then the feedback
@@ -34,14 +34,15 @@ from .helpers import eventually
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 # Decisions per second. The fast run asks for 400/s; what one test client reaches with a gRPC
-# Update per decision depends on the machine (about 140-250/s on 2 shared cores), so the test
-# checks the pace it reached: at least 2.5x the slow run's.
-SLOW, FAST = 50, 400
-HALF_LIFE = 200  # decisions; in seconds: 4 s is 200 decisions at 50/s but 600+ at 150/s and more
+# Update per decision depends on the machine (about 120-250/s on 2 shared cores, 122/s in one
+# loaded CI run), so the test checks the pace it reached: at least 2.5x the slow run's. The slow
+# pace is 25/s so that even 65/s is fast enough.
+SLOW, FAST = 25, 400
+HALF_LIFE = 200  # decisions; in seconds: 8 s is 200 decisions at 25/s but 1,000+ at 125/s and more
 # Rounds of 40 concurrent Updates: they share the service's feedback batches and reloads, which
 # is what lets one test client keep 400 decisions/s with feedback on a small machine.
 BATCH = 40
-ROUNDS = 20  # 800 decisions: 16 s at 50/s, 2-5 s fast
+ROUNDS = 20  # 800 decisions: 32 s at 25/s (both slow runs at once), 2-7 s fast
 _RNG = random.Random(19)
 REWARDS = [1.0 if _RNG.random() < (0.9 if i < BATCH * ROUNDS // 2 else 0.1) else 0.0 for i in range(BATCH * ROUNDS)]
 
@@ -97,7 +98,7 @@ def optimizer_process(launch_module):
     return launch_module("optimizer", env={"FLYWHEEL_OPTIMIZER_LIFECYCLE_INTERVAL_S": "0.3"})
 
 
-async def test_a_half_life_in_decisions_is_the_same_at_50_and_at_up_to_400_decisions_per_second(optimizer_process):
+async def test_a_half_life_in_decisions_is_the_same_at_25_and_at_up_to_400_decisions_per_second(optimizer_process):
     async with grpc.aio.insecure_channel(optimizer_process.address) as channel:
         admin = admin_grpc.EndpointAdminServiceStub(channel)
         sel = sel_grpc.SelectionServiceStub(channel)
@@ -105,11 +106,18 @@ async def test_a_half_life_in_decisions_is_the_same_at_50_and_at_up_to_400_decis
         for rate in (SLOW, FAST):
             await admin.CreateEndpoint(one_arm(f"dec-{rate}", ep_pb.PolicySpec(half_life_decisions=HALF_LIFE)))
             await admin.CreateEndpoint(one_arm(f"sec-{rate}", ep_pb.PolicySpec(half_life_s=HALF_LIFE / SLOW)))
-            rates[f"sec-{rate}"] = await play(sel, f"sec-{rate}", rate)
-            # Read at once: evidence in seconds keeps fading while the test goes on.
-            by_seconds[rate] = await posterior(admin, f"sec-{rate}")
-            rates[f"dec-{rate}"] = await play(sel, f"dec-{rate}", rate)
-            by_decisions[rate] = await posterior(admin, f"dec-{rate}")
+        # The slow runs side by side (their pace is the clock's, not the machine's); each fast run
+        # alone, so it reaches what the machine can.
+        rates["sec-slow"], rates["dec-slow"] = await asyncio.gather(
+            play(sel, f"sec-{SLOW}", SLOW), play(sel, f"dec-{SLOW}", SLOW)
+        )
+        # Read at once: evidence in seconds keeps fading while the test goes on.
+        by_seconds[SLOW] = await posterior(admin, f"sec-{SLOW}")
+        by_decisions[SLOW] = await posterior(admin, f"dec-{SLOW}")
+        rates["sec-fast"] = await play(sel, f"sec-{FAST}", FAST)
+        by_seconds[FAST] = await posterior(admin, f"sec-{FAST}")
+        rates["dec-fast"] = await play(sel, f"dec-{FAST}", FAST)
+        by_decisions[FAST] = await posterior(admin, f"dec-{FAST}")
 
     print(f"paces reached (decisions/s): {rates}")
     alpha, beta = in_process()
@@ -121,7 +129,7 @@ async def test_a_half_life_in_decisions_is_the_same_at_50_and_at_up_to_400_decis
     assert fast.mean == pytest.approx(slow.mean, abs=0.01)
     # The paces differed as intended (on a machine too busy to pace them apart this fails here).
     for unit in ("sec", "dec"):
-        assert rates[f"{unit}-{SLOW}"] > 0.8 * SLOW and rates[f"{unit}-{FAST}"] > 2.5 * rates[f"{unit}-{SLOW}"], rates
+        assert rates[f"{unit}-slow"] > 0.8 * SLOW and rates[f"{unit}-fast"] > 2.5 * rates[f"{unit}-slow"], rates
     # In seconds, the fast run remembers several times as many decisions (more evidence, and
     # more of the first half's 0.9s).
     assert by_seconds[FAST].effective_pulls > 1.5 * by_seconds[SLOW].effective_pulls, by_seconds

@@ -1,7 +1,9 @@
 """The gRPC guard on both servers (grpc.aio and the sync thread pool): bytes that do not parse
 answer INVALID_ARGUMENT naming the message, an unexpected error answers INTERNAL with an error
-id and never its text (a database error's SQL and parameters stay in the log), a domain error
-keeps its code and message, and a bridged call whose loop never answers ends at its deadline."""
+id and never its text (a database error's SQL and parameters stay in the log), a dependency that
+is away or slow (a connect timeout, a refused connection) answers UNAVAILABLE, which callers
+retry, with an id and no text, a domain error keeps its code and message, and a bridged call
+whose loop never answers ends at its deadline."""
 
 from __future__ import annotations
 
@@ -31,6 +33,12 @@ class Servicer(pb_grpc.EndpointAdminServiceServicer):
             await asyncio.sleep(30)
         if request.name == "sql":
             raise RuntimeError(SQL_ERROR)
+        if request.name == "db-away":  # what SQLAlchemy raises when asyncpg's connect times out
+            raise RuntimeError(SQL_ERROR) from TimeoutError()
+        if request.name == "refused":
+            raise ConnectionRefusedError(111, "Connect call failed ('10.0.0.7', 5432)")
+        if request.name == "no-file":
+            raise FileNotFoundError(2, "No such file or directory", "/etc/flywheel/model.bin")
         return pb.GetEndpointResponse()
 
 
@@ -103,6 +111,27 @@ async def test_an_unexpected_error_is_internal_with_an_id_and_no_sql(address, ca
             await stub.GetEndpoint(pb.GetEndpointRequest(name="missing"))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
         assert info.value.details() == "endpoint 'missing' does not exist"
+
+
+async def test_a_dependency_away_is_unavailable_with_an_id_and_a_bug_stays_internal(address, capsys):
+    addr, _ = address
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = pb_grpc.EndpointAdminServiceStub(channel)
+        for name, code in (
+            ("db-away", grpc.StatusCode.UNAVAILABLE),
+            ("refused", grpc.StatusCode.UNAVAILABLE),
+            ("no-file", grpc.StatusCode.INTERNAL),  # an OSError, but a file's, not a dependency's
+            ("sql", grpc.StatusCode.INTERNAL),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.GetEndpoint(pb.GetEndpointRequest(name=name))
+            details = info.value.details()
+            assert info.value.code() == code, (name, details)
+            for leak in ("INSERT", "secret-user", "10.0.0.7", "/etc/flywheel", "Traceback"):
+                assert leak not in details, details
+            error_id = details.rsplit("error_id=", 1)[1]
+            assert error_id in "".join(capsys.readouterr()), name
+        await stub.GetEndpoint(pb.GetEndpointRequest(name="ok"))
 
 
 async def test_a_bridged_call_that_never_finishes_ends_at_its_deadline(address):

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from flywheel.core.errors import InvalidArgument, ServiceError
+from flywheel.core.errors import InvalidArgument, ServiceError, is_transient
 from flywheel.core.logging import bound, get_logger
 from flywheel.core.metrics import RPC_SECONDS, RPC_TOTAL
 from flywheel.core.settings import ServiceSettings
@@ -86,10 +86,22 @@ def _sync_aborted(context: Any) -> bool:
     return bool(getattr(getattr(context, "_state", None), "aborted", False))
 
 
+# OSErrors that name a file, not a dependency: a bug or a bad deployment, not worth a retry.
+_FILE_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
 def _internal(method: str, exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """An unexpected error: logged here in full with an id, answered with the id only, so a
-    database error's SQL and parameters (or a stack trace) never reach the caller."""
+    database error's SQL and parameters (or a stack trace) never reach the caller.
+
+    A dependency that is away or slow (PostgreSQL's connect timing out, a lost connection, NATS
+    reconnecting: ``is_transient``) answers UNAVAILABLE, which callers and the SDK retry; a bug
+    answers INTERNAL, which they do not."""
     error_id = uuid.uuid4().hex[:16]
+    if is_transient(exc) and not isinstance(exc, _FILE_ERRORS):
+        log.warning("dependency unavailable", rpc=method, error_id=error_id, error=repr(exc), exc_info=exc)
+        RPC_TOTAL.labels(method, "UNAVAILABLE").inc()
+        return grpc.StatusCode.UNAVAILABLE, f"a dependency is unavailable, try again; error_id={error_id}"
     log.error("unexpected error", rpc=method, error_id=error_id, error=repr(exc), exc_info=exc)
     RPC_TOTAL.labels(method, "INTERNAL").inc()
     return grpc.StatusCode.INTERNAL, f"internal error; the service logged it as error_id={error_id}"
@@ -176,7 +188,7 @@ class _Guard:
                     await self._fail(context, method, exc)
                 except (grpc.aio.AbortError, _Aborted):
                     raise
-                except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
+                except Exception as exc:  # a bug (INTERNAL) or a dependency away (UNAVAILABLE), with an id
                     if _sync_aborted(context):
                         raise
                     await context.abort(*_internal(method, exc))
@@ -210,7 +222,7 @@ class _Guard:
                     await self._fail(context, method, exc)
                 except (grpc.aio.AbortError, _Aborted):
                     raise
-                except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
+                except Exception as exc:  # a bug (INTERNAL) or a dependency away (UNAVAILABLE), with an id
                     if _sync_aborted(context):
                         raise
                     await context.abort(*_internal(method, exc))
@@ -290,7 +302,7 @@ class _Guard:
                 except ServiceError as exc:
                     RPC_TOTAL.labels(method, exc.code.name).inc()
                     context.abort(exc.code, _details(exc))
-                except Exception as exc:  # a bug or an infrastructure error: INTERNAL with an id
+                except Exception as exc:  # a bug (INTERNAL) or a dependency away (UNAVAILABLE), with an id
                     if _sync_aborted(context):
                         raise
                     context.abort(*_internal(method, exc))
