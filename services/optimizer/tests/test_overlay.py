@@ -66,3 +66,19 @@ def test_the_sums_of_linear_folds_carry_their_features():
     overlay.pop("e3")
     (arm,) = overlay.sums()
     assert arm.inc.xtx.tolist() == [[1.0, 2.0], [2.0, 5.0]] and arm.inc.xty.tolist() == [1.0, 2.5]
+
+
+def test_sums_taken_earlier_stay_as_they_were_while_folds_come_and_go():
+    """A worker thread draws from sums taken on the loop while the loop goes on folding."""
+    overlay = Overlay()
+    overlay.add("e1", "a", _inc(1.0, [1.0, 2.0]))
+    (taken,) = overlay.sums()
+    xtx, xty = taken.inc.xtx.copy(), taken.inc.xty.copy()
+    overlay.add("e2", "a", _inc(0.5, [3.0, 1.0]))
+    overlay.pop("e1")
+    overlay.add("e3", "a", _inc(0.0, [1.0, 1.0]))
+    assert (taken.inc.w, taken.pulls) == (1.0, 1)
+    np.testing.assert_array_equal(taken.inc.xtx, xtx)
+    np.testing.assert_array_equal(taken.inc.xty, xty)
+    (now,) = overlay.sums()
+    assert now.pulls == 2 and not np.array_equal(now.inc.xtx, xtx)

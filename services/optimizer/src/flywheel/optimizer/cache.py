@@ -46,7 +46,7 @@ from flywheel.core.logging import get_logger
 from flywheel.optimizer import fold, snapshot, stats
 from flywheel.optimizer.fold import Counts, EndpointFold, FoldBatch, Notice, PgSnapshot
 from flywheel.optimizer.models import ArmRow, EndpointRow
-from flywheel.optimizer.overlay import ArmSum, Overlay
+from flywheel.optimizer.overlay import ArmSum, Overlay, indexed
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
 from flywheel.optimizer.spec import LINEAR, PolicyConfig
@@ -707,8 +707,7 @@ def _with_provisional(counts: Counts, arm_ids: list[str], provisional: Overlay |
     sums = provisional.sums() if isinstance(provisional, Overlay) else provisional
     if not sums:
         return counts
-    index = {a: i for i, a in enumerate(arm_ids)}
-    return fold.overlay(counts, [(index[t.arm_id], t.inc, t.pulls) for t in sums if t.arm_id in index])
+    return fold.overlay(counts, [(i, t.inc, t.pulls) for i, t in indexed(sums, arm_ids)])
 
 
 def _policy(row: Any) -> PolicyConfig:

@@ -9,7 +9,6 @@ fold. An arm's sum is dropped when its last fold goes, so no rounding residue ou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,12 +62,6 @@ class Overlay:
     def __contains__(self, event_id: object) -> bool:
         return event_id in self._folds
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._folds)
-
-    def values(self) -> Iterator[tuple[str, Increment]]:
-        return iter(self._folds.values())
-
     def add(self, event_id: str, arm_id: str, inc: Increment) -> None:
         """Fold ``inc`` on ``arm_id`` under ``event_id`` (replacing a fold of the same id)."""
         self.pop(event_id)
@@ -92,14 +85,13 @@ class Overlay:
         return folded
 
     def sums(self) -> list[ArmSum]:
-        """Per arm with folds waiting, their sum (new objects: the overlay may change later)."""
-        return [
-            ArmSum(
-                arm_id,
-                Increment(
-                    t.w, t.s, t.ss, None if t.xtx is None else t.xtx.copy(), None if t.xty is None else t.xty.copy()
-                ),
-                t.pulls,
-            )
-            for arm_id, t in self._sums.items()
-        ]
+        """Per arm with folds waiting, their sum: new objects that later folds leave as they are
+        (``_Total.change`` makes new arrays, never adds in place), so a worker thread may use
+        them while the loop goes on folding."""
+        return [ArmSum(arm_id, Increment(t.w, t.s, t.ss, t.xtx, t.xty), t.pulls) for arm_id, t in self._sums.items()]
+
+
+def indexed(sums: list[ArmSum], arm_ids: list[str]) -> list[tuple[int, ArmSum]]:
+    """``sums`` by the arm's index in ``arm_ids``, those of arms no longer there left out."""
+    index = {a: i for i, a in enumerate(arm_ids)}
+    return [(index[t.arm_id], t) for t in sums if t.arm_id in index]

@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from flywheel.core.logging import get_logger
 from flywheel.optimizer import reweight, stats
 from flywheel.optimizer.cache import FOLD_LAG, PosteriorCache
-from flywheel.optimizer.overlay import Overlay
+from flywheel.optimizer.overlay import Overlay, indexed
 from flywheel.optimizer.policies import segments
 from flywheel.optimizer.posterior import Stats
 from flywheel.optimizer.snapshot import EndpointSnapshot
@@ -475,13 +475,10 @@ class SegmentCache:
         total = Stats(own.w + prior.w, own.s + prior.s, own.ss + prior.ss)
         overlay = self._overlay.get((snap.name, segment))
         if overlay:
-            index = {a: i for i, a in enumerate(snap.arm_ids)}
-            for arm in overlay.sums():  # one per arm, however many folds wait
-                i = index.get(arm.arm_id)
-                if i is not None:
-                    total.w[i] += arm.inc.w
-                    total.s[i] += arm.inc.s
-                    total.ss[i] += arm.inc.ss
+            for i, arm in indexed(overlay.sums(), snap.arm_ids):  # one per arm, however many folds wait
+                total.w[i] += arm.inc.w
+                total.s[i] += arm.inc.s
+                total.ss[i] += arm.inc.ss
         return total
 
     def fold_many(
