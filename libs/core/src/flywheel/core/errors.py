@@ -52,24 +52,28 @@ def rejects_the_data(exc: BaseException) -> bool:
     way is retried whole later."""
     import asyncpg  # here: errors.py is imported by code that never talks to PostgreSQL
 
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _causes(exc):
         if isinstance(current, asyncpg.DataError | asyncpg.IntegrityConstraintViolationError):
             return True
         if isinstance(current, asyncpg.PostgresError):  # connection, shutdown, timeout, ...
             return False
         if isinstance(current, UnicodeError | OverflowError | TypeError) or type(current) is ValueError:
             return True  # raised while encoding a parameter, before anything was sent
-        current = getattr(current, "orig", None) or current.__cause__  # SQLAlchemy wraps the driver's error
     return False
+
+
+# OSErrors that name a file, not a dependency: a bug or a bad deployment, which a retry does not mend.
+FILE_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 def is_transient(exc: BaseException) -> bool:
     """True when ``exc`` says a dependency is away or slow (connection refused or lost, a
     timeout, PostgreSQL shutting down, NATS reconnecting, :class:`Unavailable`): retrying the
-    same work later can succeed, and splitting a batch to find a culprit would not help."""
+    same work later can succeed, and splitting a batch to find a culprit would not help.
+
+    The whole chain of causes is read, and an error that names a file (:data:`FILE_ERRORS`)
+    anywhere in it makes the answer False, though it is an ``OSError``: a missing model file or a
+    directory the service may not write stays missing however often the work is retried."""
     import asyncpg
     import nats.errors
 
@@ -83,14 +87,23 @@ def is_transient(exc: BaseException) -> bool:
         asyncpg.exceptions.InsufficientResourcesError,
         nats.errors.Error,
     )
-    seen: set[int] = set()
+    found = False
+    for current in _causes(exc):
+        if isinstance(current, FILE_ERRORS):
+            return False
+        found = found or isinstance(current, transient) or bool(getattr(current, "connection_invalidated", False))
+    return found
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it, outermost first: the driver's error under SQLAlchemy's
+    wrapper (``orig``), else ``__cause__``; each once, so a cycle ends."""
+    chain: list[BaseException] = []
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, transient) or getattr(current, "connection_invalidated", False):
-            return True
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
         current = getattr(current, "orig", None) or current.__cause__
-    return False
+    return chain
 
 
 def describe(exc: BaseException, limit: int = 500) -> str:

@@ -86,10 +86,6 @@ def _sync_aborted(context: Any) -> bool:
     return bool(getattr(getattr(context, "_state", None), "aborted", False))
 
 
-# OSErrors that name a file, not a dependency: a bug or a bad deployment, not worth a retry.
-_FILE_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
-
-
 def _internal(method: str, exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """An unexpected error: logged here in full with an id, answered with the id only, so a
     database error's SQL and parameters (or a stack trace) never reach the caller.
@@ -98,10 +94,13 @@ def _internal(method: str, exc: BaseException) -> tuple[grpc.StatusCode, str]:
     reconnecting: ``is_transient``) answers UNAVAILABLE, which callers and the SDK retry; a bug
     answers INTERNAL, which they do not."""
     error_id = uuid.uuid4().hex[:16]
-    if is_transient(exc) and not isinstance(exc, _FILE_ERRORS):
+    if is_transient(exc):
         log.warning("dependency unavailable", rpc=method, error_id=error_id, error=repr(exc), exc_info=exc)
         RPC_TOTAL.labels(method, "UNAVAILABLE").inc()
-        return grpc.StatusCode.UNAVAILABLE, f"a dependency is unavailable, try again; error_id={error_id}"
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            f"a dependency is unavailable, try again; the service logged it as error_id={error_id}",
+        )
     log.error("unexpected error", rpc=method, error_id=error_id, error=repr(exc), exc_info=exc)
     RPC_TOTAL.labels(method, "INTERNAL").inc()
     return grpc.StatusCode.INTERNAL, f"internal error; the service logged it as error_id={error_id}"
