@@ -52,10 +52,28 @@ async def test_a_tick_after_the_last_look_is_the_verdict(reads) -> None:
 async def test_undecided_stays_undecided_while_arm_and_registry_say_canary(reads) -> None:
     reads.append(ep_pb.ARM_STATUS_CANARY)
     decision, found, policy = await canary.verdict_and_registry(
-        None, None, Trainer([jobs.POLICY_STATUS_CANARY]), ARM, POLICY, "undecided"
+        None, None, Trainer([jobs.POLICY_STATUS_CANARY]), ARM, POLICY, "undecided", tick_s=0
     )
     assert (decision, policy.status) == ("undecided", jobs.POLICY_STATUS_CANARY)
     assert canary.arm_status(found, ARM) == ep_pb.ARM_STATUS_CANARY
+
+
+async def test_undecided_waits_a_lifecycle_tick_for_the_last_feedback(reads, monkeypatch) -> None:
+    # The demo once ended "undecided" while P(better) had just fallen under the retire rule:
+    # the tick that would have retired the arm came after the stage's last look.
+    reads += [ep_pb.ARM_STATUS_CANARY, ep_pb.ARM_STATUS_CANARY, ep_pb.ARM_STATUS_RETIRED]
+    trainer = Trainer([jobs.POLICY_STATUS_CANARY, jobs.POLICY_STATUS_CANARY, jobs.POLICY_STATUS_ROLLED_BACK])
+    naps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        naps.append(seconds)
+
+    monkeypatch.setattr(canary.asyncio, "sleep", sleep)
+    decision, found, policy = await canary.verdict_and_registry(
+        None, None, trainer, ARM, POLICY, "undecided", tick_s=3600
+    )
+    assert decision == "rolled_back" and policy.status == jobs.POLICY_STATUS_ROLLED_BACK
+    assert canary.arm_status(found, ARM) == ep_pb.ARM_STATUS_RETIRED and len(naps) == 2
 
 
 async def test_a_lagging_registry_is_waited_for_and_a_stuck_one_named(reads) -> None:

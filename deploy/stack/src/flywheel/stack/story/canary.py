@@ -25,6 +25,9 @@ from flywheel.stack.story.traffic import Product, get_endpoint, retrying, settle
 CHECK_EVERY = 5  # decisions between looks at the canary arm's status
 TIMELINE_POINTS = 40
 WINDOW = 20  # decisions the canary share is measured over
+# The optimizer's lifecycle judges canaries every lifecycle_interval_s (2 s by default): an
+# "undecided" verdict stands only once a tick has had the stage's last feedback to judge.
+LIFECYCLE_TICK_S = 2.5
 DECISIONS = {ep_pb.ARM_STATUS_ACTIVE: "promoted", ep_pb.ARM_STATUS_RETIRED: "rolled_back"}
 REGISTRY = {
     "promoted": jobs.POLICY_STATUS_ACTIVE,
@@ -81,13 +84,16 @@ async def verdict_and_registry(
     decision: str,
     *,
     timeout_s: float = 60.0,
+    tick_s: float = LIFECYCLE_TICK_S,
 ) -> tuple[str, ep_pb.Endpoint, jobs.Policy]:
     """The verdict once the registry agrees with it: (decision, the endpoint read with it, the
     policy). The optimizer's lifecycle judges canaries on its own ticks, so an "undecided"
     stage can be decided by a tick after its last look (on the feedback applied while
     settling): each round reads the arm first, takes a verdict it finds, then waits for the
-    registry to follow that verdict."""
-    deadline = time.monotonic() + timeout_s
+    registry to follow that verdict. "undecided" is returned only after ``tick_s``, so that a
+    lifecycle tick has judged the feedback applied last."""
+    began = time.monotonic()
+    deadline = began + timeout_s
     while True:
         endpoint = await retrying(lambda: get_endpoint(ctx, opt))
         status = arm_status(endpoint, arm)
@@ -95,7 +101,7 @@ async def verdict_and_registry(
             decision = DECISIONS[status]
         want = REGISTRY[decision]
         policy = (await retrying(lambda: trainer.GetPolicy(pb.GetPolicyRequest(policy_id=policy_id)))).policy
-        if policy.status == want:
+        if policy.status == want and (decision != "undecided" or time.monotonic() - began >= tick_s):
             return decision, endpoint, policy
         if time.monotonic() > deadline:
             raise TimeoutError(
