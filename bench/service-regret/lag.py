@@ -39,6 +39,14 @@ in 8), the folds from ``flywheel_optimizer_posterior_fold_lag_seconds{source}`` 
 per transaction and endpoint), both summed over the mode's replicas (scraped before and after
 each mode; quantiles interpolated within buckets as PromQL's ``histogram_quantile`` does); each
 row also has every replica's own ``total`` and ``fold_peer`` (``per_replica``).
+- ``tapped`` (``--tap``): the same publish -> an idle bystander process has it (``tap.py``, a plain
+  subscription beside the replicas): the product's publish and NATS alone, so ``delivered`` less
+  ``tapped`` is the replica's own wait to read the message.
+
+Each row also has ``cpu_cores``: the CPU each process used over the mode's run, in cores (user +
+system seconds over the wall seconds): every optimizer replica, the product (this process),
+nats-server, and PostgreSQL with its backends.
+
 ``--variant NAME:KEY=VALUE[,KEY=VALUE]`` (repeatable) runs the replicas with those
 ``FLYWHEEL_OPTIMIZER_*`` settings; the variants take turns within each repeat (fresh replicas
 each time), so that a comparison on a busy machine is paired, run for run.
@@ -52,9 +60,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,13 +73,15 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "regret")]
-from service import Mode, Stack, log, metric_sum, play_service, scrape  # noqa: E402
+from service import NAMESPACE, Mode, Stack, log, metric_sum, play_service, scrape  # noqa: E402
 from tree import MARK, current, reexec_at  # noqa: E402
 from worlds import make_world  # noqa: E402
 
+from flywheel.api.subjects import Catalogue  # noqa: E402
 from flywheel.sdk import FlywheelClient  # noqa: E402
 from flywheel.stack.benchstamp import RESULTS, write_results  # noqa: E402
 
@@ -160,8 +173,71 @@ class RecordingStack(Stack):
         return got
 
 
+class Tap:
+    """``tap.py`` in a process of its own, subscribed to every feedback subject of the bench."""
+
+    def __init__(self, stack: Stack) -> None:
+        env = stack.servers.env(namespace=NAMESPACE)  # the admin NATS user: it may subscribe anywhere
+        self._out = out = Path(tempfile.mkstemp(prefix="lag-tap-", suffix=".json")[1])
+        nats_env = {k: v for k, v in env.items() if k.startswith("FLYWHEEL_NATS_")}  # not on its command line
+        self._proc = subprocess.Popen(
+            [sys.executable, str(HERE / "tap.py"), Catalogue(NAMESPACE).consumer(CONSUMER).filter_subject, str(out)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **nats_env},
+        )
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("tap.py did not subscribe")
+
+    def stop(self) -> list[float]:
+        """Stop it; the seconds from publish to arrival of every event it saw."""
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+        try:
+            return list(json.loads(self._out.read_text() or "[]"))
+        finally:
+            self._out.unlink(missing_ok=True)
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """User + system CPU seconds so far of every process the bench runs (PostgreSQL's backends
+    included; a backend that exited meanwhile is not counted)."""
+
+    def of(pid: int | None, children: bool = False) -> float:
+        if pid is None:
+            return 0.0
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *(root.children(recursive=True) if children else [])]
+        except psutil.Error:
+            return 0.0
+        total = 0.0
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
+
+    out = {f"optimizer{i}": of(proc.pid) for i, proc in enumerate(stack.replicas)}
+    out["product"] = of(os.getpid())
+    out["nats"] = of(stack.servers.nats.pid)
+    out["postgres"] = of(stack.servers.postgres.pid if stack.servers.postgres else None, children=True)
+    return out
+
+
 async def measure(
-    stack: RecordingStack, mode: Mode, horizon: int, k: int, seed: int, run: int, variant: str, world_name: str
+    stack: RecordingStack,
+    mode: Mode,
+    horizon: int,
+    k: int,
+    seed: int,
+    run: int,
+    variant: str,
+    world_name: str,
+    tap: bool = False,
 ) -> tuple[dict[str, Any], Raw]:
     """One run of ``mode`` on the running replica: its row, and the raw samples to pool."""
     world = make_world(world_name, "bernoulli", k, seed, horizon, 0.1, 100)
@@ -170,14 +246,20 @@ async def measure(
     deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports)
     stack.handed = []
     name, published = f"lag-{variant}-{mode.name}-{run}", {}
-    result = await play_service(stack, world, mode, name, {}, published=published)
+    bystander = Tap(stack) if tap else None
+    cpu_before, wall_before = cpu_seconds(stack), time.perf_counter()
+    try:
+        result = await play_service(stack, world, mode, name, {}, published=published)
+    finally:
+        tapped = bystander.stop() if bystander is not None else []
+    cpu_after, wall = cpu_seconds(stack), time.perf_counter() - wall_before
     await asyncio.sleep(0.5)  # the last acks and rebuilds observed
     after = scrape_all(ports)
     deferred = sum(metric_sum(scrape(port), DEFERRED) for port in ports) - deferred
     queues = [c._feedback_queue for c in stack.handed if c._feedback_queue is not None]
     # Per replica, then summed: the mode's events (and folds) wherever they were handled.
     mine = [{s: minus(a[s], b[s]) for s in a} for a, b in zip(after, before, strict=True)]
-    raw = Raw(sdk=[x for q in queues for x in q.stats.ack_seconds], rates=[result.rate])
+    raw = Raw(sdk=[x for q in queues for x in q.stats.ack_seconds], rates=[result.rate], tapped=tapped)
     raw.pre_publish = await pre_publish(stack, name, published)
     for replica in mine:
         raw.add(Raw(stages=replica))
@@ -191,6 +273,7 @@ async def measure(
         "retries": result.retries,
         "deferred": deferred,
         "select_p50_ms": round(float(np.median(result.select_ms)), 2),
+        "cpu_cores": {p: round((cpu_after[p] - cpu_before.get(p, 0.0)) / wall, 2) for p in cpu_after},
         "stages": raw.summary(),
         "per_replica": [
             {
@@ -235,9 +318,11 @@ class Raw:
     stages: dict[str, dict[float, float]] = field(default_factory=dict)
     rates: list[float] = field(default_factory=list)
     pre_publish: list[tuple[float, int]] = field(default_factory=list)
+    tapped: list[float] = field(default_factory=list)  # publish -> tap.py has it (--tap)
 
     def add(self, other: Raw) -> None:
         self.sdk += other.sdk
+        self.tapped += other.tapped
         self.rates += other.rates
         self.pre_publish += other.pre_publish
         for stage, counts in other.stages.items():
@@ -250,6 +335,9 @@ class Raw:
         rate = float(np.mean(self.rates)) if self.rates else float("nan")
         sdk = np.array(self.sdk)
         out = {"sdk": row({q: float(np.quantile(sdk, q)) if sdk.size else None for q in QUANTILES}, rate, sdk.size)}
+        if self.tapped:
+            tapped = np.array(self.tapped)
+            out["tapped"] = row({q: float(np.quantile(tapped, q)) for q in QUANTILES}, rate, tapped.size)
         if self.pre_publish:
             seconds, between = (np.array(x, dtype=float) for x in zip(*self.pre_publish, strict=True))
             pre = row({q: float(np.quantile(seconds, q)) for q in QUANTILES}, rate, seconds.size)
@@ -274,6 +362,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells = [st.get(f"p{p}_{u}") for u in ("ms", "decisions") for p in (50, 90, 99)]
             text = "".join(f"{'-' if c is None else c:>9}" for c in cells)
             lines.append(f"{r['variant']:<10}{r['mode']:<14}{r['rate']:>8}  {stage:<12}{text}{st['count']:>7}")
+        if r.get("cpu_cores"):
+            cores = ", ".join(f"{p} {c}" for p, c in r["cpu_cores"].items())
+            lines.append(f"{r['variant']:<10}{r['mode']:<14}{r['rate']:>8}  cpu cores: {cores}")
     return "\n".join(lines)
 
 
@@ -296,7 +387,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         mode = Mode(replicas, args.rate, 32) if name == "paced" else Mode(replicas, None, 8)
                         started = time.perf_counter()
                         r, raw = await measure(
-                            stack, mode, args.horizon, args.k, args.seed + run, run, variant, args.world
+                            stack, mode, args.horizon, args.k, args.seed + run, run, variant, args.world, args.tap
                         )
                         pooled.setdefault((variant, r["mode"]), Raw()).add(raw)
                         log(f"{variant} {r['mode']}: {r['rate']}/s, {time.perf_counter() - started:.0f} s")
@@ -313,6 +404,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "replicas": args.replicas,
             "world": args.world,
+            "tap": args.tap,
             "variants": {name: settings for name, settings in args.variants},
             **current(),
         },
@@ -359,6 +451,7 @@ def main() -> None:
     )
     parser.add_argument("--variant", dest="variants", type=variant, action="append", default=[])
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--tap", action="store_true", help="also time each publish to an idle bystander (tap.py)")
     parser.add_argument(
         "--optimizer-commit",
         metavar="REV",

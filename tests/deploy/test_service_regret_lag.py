@@ -5,8 +5,10 @@ pooling, and the --variant and --replicas syntax."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,52 @@ def test_replicas_are_one_two_or_both(lag, monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         lag.main()
     assert exit_.value.code == 2 and "--replicas: 1, 2 or 1,2" in capsys.readouterr().err
+
+
+def test_tapped_latencies_pool_into_their_own_stage(lag) -> None:
+    a = lag.Raw(sdk=[0.004], tapped=[0.001, 0.003], rates=[100.0])
+    a.add(lag.Raw(sdk=[0.004], tapped=[0.002], rates=[300.0]))
+    summary = a.summary()
+    assert summary["tapped"]["count"] == 3
+    assert summary["tapped"]["p50_ms"] == pytest.approx(2.0)
+    assert summary["tapped"]["p50_decisions"] == pytest.approx(0.4)  # 2 ms at the mean rate, 200/s
+    assert "tapped" not in lag.Raw(sdk=[0.004], rates=[100.0]).summary()  # only with --tap
+
+
+def test_the_table_shows_each_process_cpu(lag) -> None:
+    rows = [
+        {
+            "variant": "default",
+            "mode": "1rep-unpaced",
+            "rate": 420.0,
+            "stages": {},
+            "cpu_cores": {"optimizer0": 0.77, "product": 0.44, "nats": 0.12, "postgres": 0.06},
+        }
+    ]
+    assert "cpu cores: optimizer0 0.77, product 0.44, nats 0.12, postgres 0.06" in lag.table(rows)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+async def test_the_tap_times_each_published_feedback_from_its_meta_time(lag, servers, nats_client) -> None:
+    """tap.py as lag.py runs it (a process of its own, the admin user from the environment):
+    an event published now arrives within a second; one stamped 2 s ago reads about 2 s."""
+    from types import SimpleNamespace
+
+    from flywheel.api.common.v1.common_pb2 import EventMeta
+    from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+
+    tap = lag.Tap(SimpleNamespace(servers=servers))
+    try:
+        for age_s in (0.0, 2.0):
+            event = FeedbackEvent(meta=EventMeta(event_id=f"e{age_s}"), decision_id="d", reward=1.0)
+            event.meta.time.FromNanoseconds(int((time.time() - age_s) * 1e9))
+            await nats_client.publish(f"{lag.NAMESPACE}.product.feedback.ep", event.SerializeToString())
+        await nats_client.publish(f"{lag.NAMESPACE}.product.other.ep", b"not a feedback subject")
+        await nats_client.flush()
+        await asyncio.sleep(0.5)
+    finally:
+        seconds = tap.stop()
+    assert len(seconds) == 2
+    assert 0.0 <= seconds[0] < 1.0
+    assert 2.0 <= seconds[1] < 3.0
