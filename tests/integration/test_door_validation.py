@@ -303,3 +303,30 @@ async def test_a_fetch_of_span_batches_with_bad_ones_stores_the_good_and_dead_le
     for trace_id, (_, reason) in bad.items():
         assert reason in by_trace[trace_id].reason, by_trace[trace_id].reason
         assert "INSERT" not in by_trace[trace_id].reason
+
+
+async def test_a_lookup_of_a_name_no_endpoint_can_have_is_refused_naming_the_field(launch):
+    """GetEndpoint, AddArm, RetireArm and EstimatePolicyValue take only names CreateEndpoint
+    could have accepted: "bad name;DROP TABLE endpoints" is INVALID_ARGUMENT naming the field
+    (it was NOT_FOUND), while a well-formed name nobody created is still NOT_FOUND."""
+    from flywheel.api.optimizer.v1 import off_policy_service_pb2 as ope_pb
+    from flywheel.api.optimizer.v1 import off_policy_service_pb2_grpc as ope_grpc
+
+    optimizer = launch("optimizer")
+    hostile = "bad name;DROP TABLE endpoints"
+    async with grpc.aio.insecure_channel(optimizer.address) as channel:
+        admin = admin_grpc.EndpointAdminServiceStub(channel)
+        ope = ope_grpc.OffPolicyServiceStub(channel)
+        calls = [
+            (admin.GetEndpoint, admin_pb.GetEndpointRequest(name=hostile), "name: "),
+            (admin.AddArm, admin_pb.AddArmRequest(endpoint=hostile, arm=ep_pb.Arm(arm_id="x")), "endpoint: "),
+            (admin.RetireArm, admin_pb.RetireArmRequest(endpoint="a.b", arm_id="x"), "endpoint: "),
+            (ope.EstimatePolicyValue, ope_pb.EstimatePolicyValueRequest(endpoint="a*"), "endpoint: "),
+        ]
+        for call, request, field in calls:
+            error = await refused(call, request)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (request, error.details())
+            assert error.details().startswith(field), error.details()
+            assert "[A-Za-z0-9_-]" in error.details()
+        missing = await refused(admin.GetEndpoint, admin_pb.GetEndpointRequest(name="no-such-endpoint"))
+        assert missing.code() == grpc.StatusCode.NOT_FOUND

@@ -18,7 +18,14 @@ from flywheel.api.optimizer.v1 import off_policy_service_pb2_grpc as ope_grpc
 from flywheel.api.optimizer.v1 import selection_service_pb2 as sel_pb
 from flywheel.api.optimizer.v1 import selection_service_pb2_grpc as sel_grpc
 from flywheel.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
-from flywheel.core.validation import check_number, check_numbers, check_string, check_timestamp, struct_to_dict
+from flywheel.core.validation import (
+    Invalid,
+    check_number,
+    check_numbers,
+    check_string,
+    check_timestamp,
+    struct_to_dict,
+)
 from flywheel.optimizer import ope_service, service
 from flywheel.optimizer.cache import PosteriorCache
 from flywheel.optimizer.convert import arm_spec, arm_stats, endpoint_message, endpoint_spec, struct
@@ -27,7 +34,7 @@ from flywheel.optimizer.feedback_batcher import FeedbackBatcher
 from flywheel.optimizer.ope_service import Candidate
 from flywheel.optimizer.selector import Selector
 from flywheel.optimizer.service import FeedbackItem
-from flywheel.optimizer.spec import RETIRED
+from flywheel.optimizer.spec import ENDPOINT_NAME, RETIRED
 
 MAX_BATCH = 1000
 # Serialized size of a Select's context. Every decision event carries its context and its arm's
@@ -81,8 +88,12 @@ def _feedback_item(request: sel_pb.UpdateRequest) -> FeedbackItem:
 
 
 def _name(value: str, field: str) -> str:
-    """An endpoint name from a request: not empty, no longer than its column, no NUL."""
-    return check_string(value, field, max_len=service.ENDPOINT_CHARS, required=True, what="the endpoint's name")
+    """An endpoint name from a request: one that CreateEndpoint could have accepted (a NATS
+    subject token), so a lookup of a name that cannot exist is told why, not NOT_FOUND."""
+    check_string(value, field, max_len=service.ENDPOINT_CHARS, required=True, what="the endpoint's name")
+    if not ENDPOINT_NAME.fullmatch(value):
+        raise Invalid(field, "must be 1-64 characters of [A-Za-z0-9_-] (an endpoint's name is a NATS subject token)")
+    return value
 
 
 def _before_deadline(context: grpc.ServicerContext) -> float | None:
