@@ -69,7 +69,7 @@ from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
 from flywheel.api.subjects import Catalogue
 from flywheel.core.bus.connection import ensure_stream
 from flywheel.stack.benchstamp import write_results
-from flywheel.stack.servers import _find_binary
+from flywheel.stack.servers import _find_binary, cpu_seconds
 from flywheel.stack.services import ServiceProcess, migrate
 from flywheel.stack.stack import Servers
 
@@ -311,32 +311,11 @@ async def totals(pool: asyncpg.Pool, endpoint: str) -> int:
     return int(await pool.fetchval("SELECT coalesce(sum(pulls), 0)::bigint FROM arms WHERE endpoint = $1", endpoint))
 
 
-def cpu_seconds(pid: int | None) -> float:
-    try:
-        t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
-    except (psutil.Error, TypeError, ValueError):
-        return math.nan
-
-
 def servers_cpu_seconds(pids: tuple[int, ...]) -> float:
     """CPU seconds of the servers every contestant shares: nats-server, and PostgreSQL's
     postmaster with its children (the backends running the SQL, the WAL writer). This is work
     no consumer can skip, since they all run the same statements on the same bus."""
-    total = 0.0
-    for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return math.nan
-        for q in procs:
-            try:
-                t = q.cpu_times()
-            except psutil.Error:  # a backend that exited between listing and reading
-                continue
-            total += t.user + t.system
-    return total
+    return sum(cpu_seconds(pid, children=True) for pid in pids)
 
 
 @dataclass

@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import subprocess
@@ -73,7 +74,6 @@ from typing import Any
 
 import asyncpg
 import numpy as np
-import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "regret")]
@@ -84,6 +84,7 @@ from worlds import make_world  # noqa: E402
 from flywheel.api.subjects import Catalogue  # noqa: E402
 from flywheel.sdk import FlywheelClient  # noqa: E402
 from flywheel.stack.benchstamp import RESULTS, write_results  # noqa: E402
+from flywheel.stack.servers import cpu_seconds as process_cpu_seconds  # noqa: E402
 
 CONSUMER = "optimizer-feedback"
 INF = float("inf")
@@ -202,29 +203,14 @@ class Tap:
 
 def cpu_seconds(stack: Stack) -> dict[str, float]:
     """User + system CPU seconds so far of every process the bench runs (PostgreSQL's backends
-    included; a backend that exited meanwhile is not counted)."""
-
-    def of(pid: int | None, children: bool = False) -> float:
-        if pid is None:
-            return 0.0
-        try:
-            root = psutil.Process(pid)
-            procs = [root, *(root.children(recursive=True) if children else [])]
-        except psutil.Error:
-            return 0.0
-        total = 0.0
-        for proc in procs:
-            try:
-                t = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system
-        return total
-
-    out = {f"optimizer{i}": of(proc.pid) for i, proc in enumerate(stack.replicas)}
-    out["product"] = of(os.getpid())
-    out["nats"] = of(stack.servers.nats.pid)
-    out["postgres"] = of(stack.servers.postgres.pid if stack.servers.postgres else None, children=True)
+    included; a backend that exited meanwhile is not counted; a process that is gone counts 0)."""
+    pg = stack.servers.postgres.pid if stack.servers.postgres else None
+    pids = {f"optimizer{i}": (proc.pid, False) for i, proc in enumerate(stack.replicas)}
+    pids |= {"product": (os.getpid(), False), "nats": (stack.servers.nats.pid, False), "postgres": (pg, True)}
+    out = {}
+    for name, (pid, children) in pids.items():
+        seconds = process_cpu_seconds(pid, children=children)
+        out[name] = 0.0 if math.isnan(seconds) else seconds
     return out
 
 

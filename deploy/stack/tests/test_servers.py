@@ -194,3 +194,24 @@ def test_stop_from_another_process(tmp_path: Path) -> None:
     server.stop()
     assert not server.is_running() and not server.pid_file.exists()
     assert (pid is not None and not psutil.pid_exists(pid)) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_cpu_seconds_counts_a_process_and_with_children_its_descendants() -> None:
+    import math
+
+    from flywheel.stack.servers import cpu_seconds
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        deadline = time.monotonic() + 20
+        while cpu_seconds(child.pid) < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cpu_seconds(child.pid) >= 0.5  # the child's own spin
+        alone, with_children = cpu_seconds(os.getpid()), cpu_seconds(os.getpid(), children=True)
+        assert with_children - alone >= 0.5  # ... counted under its parent only with children
+    finally:
+        child.kill()
+        child.wait()
+    assert math.isnan(cpu_seconds(child.pid))  # gone
+    assert math.isnan(cpu_seconds(None))

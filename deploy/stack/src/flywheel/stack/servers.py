@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import secrets
@@ -168,6 +169,30 @@ def process_alive(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
+
+
+def cpu_seconds(pid: int | None, *, children: bool = False) -> float:
+    """User + system CPU seconds of a process so far (and of all its descendants with
+    ``children``, as PostgreSQL's backends under the postmaster), for benchmarks that price
+    their contestants' CPU. NaN when the process is unknown or gone; a descendant that exits
+    while it is read is left out."""
+    if pid is None:
+        return math.nan
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *(root.children(recursive=True) if children else [])]
+    except psutil.Error:
+        return math.nan
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            if proc is root:
+                return math.nan
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
