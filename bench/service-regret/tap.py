@@ -15,25 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-import nats
+from nats.aio.msg import Msg
 
 from flywheel.api.optimizer.v1.events_pb2 import FeedbackEvent
+from flywheel.core.bus.connection import connect
+from flywheel.core.settings import NatsSettings
 
 
 async def tap(subject: str) -> list[float]:
     """Seconds from publish to arrival of every event on ``subject`` until SIGTERM."""
-    env = os.environ
-    user, password = env["FLYWHEEL_NATS_USER"], env["FLYWHEEL_NATS_PASSWORD"]
-    nc = await nats.connect(env["FLYWHEEL_NATS_URL"], user=user, password=password)
+    nc = await connect(NatsSettings(), name="bench-tap")  # FLYWHEEL_NATS_* from the environment
     seconds: list[float] = []
 
-    async def received(msg: nats.aio.msg.Msg) -> None:
+    async def received(msg: Msg) -> None:
         event = FeedbackEvent()
         event.ParseFromString(msg.data)
         sent = event.meta.time.seconds + event.meta.time.nanos / 1e9
